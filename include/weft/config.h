@@ -1,0 +1,53 @@
+// weft/config.h: every WEFT_* environment variable, parsed in one place.
+//
+// config() reads the environment once, on first use, and is then fixed for the process. Tests and
+// embedders that want other values build a Config with Config::from_env(lookup) and pass its
+// fields explicitly. docs/configuration.md lists every variable with its default.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace weft {
+
+enum class LogLevel : int { Error = 0, Warn = 1, Info = 2, Debug = 3, Trace = 4 };
+
+// "warn", "info", ...
+const char* log_level_name(LogLevel level);
+
+struct Config {
+  // WEFT_LOG=error|warn|info|debug|trace: what weft logs to stderr. Default warn.
+  LogLevel log_level = LogLevel::Warn;
+  // WEFT_TIMEOUT: default timeout of every blocking call (store waits, collectives), in seconds
+  // ("300", "2.5") or with a unit ("500ms", "30s", "5m"). Default 300 s, as c10d.
+  std::chrono::milliseconds timeout{300'000};
+  // WEFT_STORE_TOKEN: shared secret for the TCP store's HMAC authentication. Empty: off.
+  std::string store_token;
+  // WEFT_SHM=0|1: use shared memory between ranks on one host. Default 1.
+  bool shm = true;
+  // WEFT_DEBUG=off|detail: "detail" checks before each collective that all ranks agree.
+  std::string debug = "off";
+  // WEFT_ALGO: force a collective algorithm by name ("ring", "tree", ...). Empty: the planner.
+  std::string algo;
+  // WEFT_PLUGIN_PATH: colon-separated folders searched for libweft-backend-NAME.so.
+  std::vector<std::string> plugin_path;
+
+  // Variables set with the WEFT_ prefix that weft does not know (likely typos); config() logs
+  // a warning for each.
+  std::vector<std::string> unknown;
+
+  // Parses the variables through `lookup` (nullptr when unset). Throws Error(InvalidArgument)
+  // naming the variable and the accepted values when one is malformed.
+  static Config from_env(const std::function<const char*(const char*)>& lookup);
+};
+
+// The process's configuration, parsed from the environment on first call.
+const Config& config();
+
+// Parses a duration as WEFT_TIMEOUT does ("300", "2.5", "500ms", "30s", "5m", "1h").
+// Throws Error(InvalidArgument) naming `what` when malformed or negative.
+std::chrono::milliseconds parse_duration(const std::string& text, const char* what);
+
+}  // namespace weft
