@@ -1,0 +1,58 @@
+# The two commands a new user needs (see README.md):
+#   make run    build, then run the main job (a local 4-rank run)
+#   make test   build, then run every test
+# Both install missing Debian packages first (as root) and configure meson on first use.
+# CI (.ci/run) runs `make test`, then the suite under ASan+UBSan and the threaded tests under TSan.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+JOBS       ?= $(shell nproc)
+MESON_TEST  = meson test --num-processes $(JOBS) --print-errorlogs
+
+.PHONY: all deps build run test test-asan test-tsan check format clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+$(BUILD)/build.ninja: | deps
+	meson setup $(BUILD) --buildtype=release
+
+build: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD) -j $(JOBS)
+
+run: build
+	scripts/run-main-job $(BUILD)
+
+test: build
+	@$(MESON_TEST) -C $(BUILD) --suite all; status=$$?; \
+	  scripts/test-summary $(BUILD); exit $$status
+
+$(ASAN_BUILD)/build.ninja: | deps
+	meson setup $(ASAN_BUILD) --buildtype=debugoptimized -Db_sanitize=address,undefined \
+	  -Db_lundef=false
+
+test-asan: deps $(ASAN_BUILD)/build.ninja
+	ninja -C $(ASAN_BUILD) -j $(JOBS)
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  $(MESON_TEST) -C $(ASAN_BUILD) --suite all --timeout-multiplier 4; status=$$?; \
+	  scripts/test-summary $(ASAN_BUILD); exit $$status
+
+$(TSAN_BUILD)/build.ninja: | deps
+	meson setup $(TSAN_BUILD) --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false
+
+test-tsan: deps $(TSAN_BUILD)/build.ninja
+	ninja -C $(TSAN_BUILD) -j $(JOBS)
+	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  $(MESON_TEST) -C $(TSAN_BUILD) --suite threaded --timeout-multiplier 4; status=$$?; \
+	  scripts/test-summary $(TSAN_BUILD); exit $$status
+
+check: test test-asan test-tsan
+
+format:
+	git ls-files '*.h' '*.cc' '*.c' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
