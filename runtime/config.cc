@@ -34,7 +34,7 @@ bool parse_bool(const char* name, const char* value) {
   std::string_view v(value);
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off") return false;
-  bad_value(name, value, "0 or 1");
+  bad_value(name, value, "1/true/yes/on or 0/false/no/off");
 }
 
 LogLevel parse_log_level(const char* value) {
@@ -70,7 +70,9 @@ std::chrono::milliseconds parse_duration(const std::string& text, const char* wh
                             "number with a unit (\"500ms\", \"30s\", \"5m\", \"1h\")",
                             what, text));
   };
-  if (text.empty()) return fail();
+  // strtod alone would also take leading blanks, hex ("0x10") and exponents: accept only plain
+  // decimal numbers.
+  if (text.empty() || text.find_first_not_of("0123456789.msh") != std::string::npos) return fail();
   errno = 0;
   char* end = nullptr;
   double number = std::strtod(text.c_str(), &end);

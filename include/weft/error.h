@@ -46,10 +46,10 @@ std::string_view error_code_name(ErrorCode code);
 struct ErrorContext {
   int rank = -1;          // this process's rank in the group, -1 when unknown
   int size = -1;          // the group's size
-  std::string group;      // the group's name ("world", "dp", ...)
-  std::string op;         // "all_reduce", "store get", ...
+  std::string group{};    // the group's name ("world", "dp", ...)
+  std::string op{};       // "all_reduce", "store get", ...
   uint64_t seq = 0;       // the collective's sequence number in its group, 0 when none
-  std::string op_detail;  // "float32 x 1048576, sum"
+  std::string op_detail{};  // "float32 x 1048576, sum"
 
   // "rank 2/4 group "dp" all_reduce #17 (float32 x 1048576, sum)"; empty when nothing is set.
   std::string describe() const;

@@ -1,0 +1,132 @@
+// weft/dtype.h: the element types weft communicates and reduces, their sizes and names.
+//
+// DType is what a Tensor view holds and what crosses the wire in a collective's header; its
+// numeric values are stable (the C API and the desync check send them). Float16 and BFloat16 have
+// no arithmetic C++ type: weft::Half and weft::BFloat16 below are 16-bit containers only, and
+// reductions on them go through float (runtime/half.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+
+namespace weft {
+
+enum class DType : uint8_t {
+  Float32 = 0,
+  Float64 = 1,
+  Float16 = 2,   // IEEE 754 binary16
+  BFloat16 = 3,  // bfloat16: float32's exponent, 8-bit significand
+  Int8 = 4,
+  UInt8 = 5,
+  Int32 = 6,
+  Int64 = 7,
+  Bool = 8,  // one byte per element; zero is false, anything else true
+};
+
+// Number of DType values; a byte from the wire is a DType only if it is below this.
+inline constexpr int kNumDTypes = 9;
+
+// Every DType in declaration order, for tests and tools that iterate over them.
+inline constexpr DType kAllDTypes[kNumDTypes] = {
+    DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int8,
+    DType::UInt8,   DType::Int32,   DType::Int64,   DType::Bool,
+};
+
+// True when `value` is one of the enumerators (a DType made from an arbitrary integer may not be).
+constexpr bool is_valid(DType dtype) { return static_cast<uint8_t>(dtype) < kNumDTypes; }
+
+// Bytes per element; 0 for an invalid DType.
+constexpr size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::Float64:
+    case DType::Int64:
+      return 8;
+    case DType::Float32:
+    case DType::Int32:
+      return 4;
+    case DType::Float16:
+    case DType::BFloat16:
+      return 2;
+    case DType::Int8:
+    case DType::UInt8:
+    case DType::Bool:
+      return 1;
+  }
+  return 0;
+}
+
+// PyTorch's names: "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
+// "bool"; "invalid" for an invalid DType.
+std::string_view dtype_name(DType dtype);
+
+// Accepts the names above, PyTorch's aliases ("float", "double", "half", "long", "int") and the
+// nccl-tests short names ("half", "bfloat16", "int8", "uint8", "int32", "int64", "float",
+// "double"); case-insensitive. nullopt for anything else.
+std::optional<DType> parse_dtype(std::string_view text);
+
+// Float32, Float64, Float16, BFloat16.
+constexpr bool is_floating(DType dtype) {
+  return dtype == DType::Float32 || dtype == DType::Float64 || dtype == DType::Float16 ||
+         dtype == DType::BFloat16;
+}
+
+// Int8, UInt8, Int32, Int64. Bool is neither integral nor floating, as in PyTorch's default.
+constexpr bool is_integral(DType dtype) {
+  return dtype == DType::Int8 || dtype == DType::UInt8 || dtype == DType::Int32 ||
+         dtype == DType::Int64;
+}
+
+// Storage for one IEEE binary16 value (bits as in memory). No arithmetic: convert with
+// half_to_float / float_to_half (runtime/half.h) or the caller's own half type.
+struct Half {
+  uint16_t bits;
+};
+// Storage for one bfloat16 value (the top 16 bits of the float32 it approximates).
+struct BFloat16 {
+  uint16_t bits;
+};
+
+// dtype_of_v<T>: the DType of C++ element type T, so Tensor::of(p, n) can take a typed pointer.
+// Integers map by width and signedness (int64_t is `long`, but `long long` also maps to Int64);
+// plain `char`, whose signedness is the platform's choice, deliberately maps to nothing.
+template <typename T, typename = void>
+struct dtype_of {};
+
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::Float32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::Float64;
+};
+template <>
+struct dtype_of<Half> {
+  static constexpr DType value = DType::Float16;
+};
+template <>
+struct dtype_of<BFloat16> {
+  static constexpr DType value = DType::BFloat16;
+};
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::Bool;
+};
+template <typename T>
+struct dtype_of<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool> &&
+                                    !std::is_same_v<T, char> &&
+                                    (sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8) &&
+                                    (std::is_signed_v<T> || sizeof(T) == 1)>> {
+  static constexpr DType value = sizeof(T) == 8        ? DType::Int64
+                                 : sizeof(T) == 4      ? DType::Int32
+                                 : std::is_signed_v<T> ? DType::Int8
+                                                       : DType::UInt8;
+};
+
+template <typename T>
+inline constexpr DType dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
+
+}  // namespace weft

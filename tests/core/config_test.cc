@@ -1,0 +1,152 @@
+// Config::from_env with a fake environment, parse_duration, and the process-wide config().
+#include "weft/config.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "weft/error.h"
+
+namespace weft {
+namespace {
+
+using std::chrono::milliseconds;
+
+Config parse(const std::map<std::string, std::string>& env) {
+  return Config::from_env([&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+// The message of the Error that parsing `env` throws, after checking its code.
+std::string parse_error(const std::map<std::string, std::string>& env) {
+  try {
+    parse(env);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST_CASE("an empty environment gives the documented defaults", "[core][config]") {
+  const Config c = parse({});
+  CHECK(c.log_level == LogLevel::Warn);
+  CHECK(c.timeout == milliseconds(300'000));
+  CHECK(c.store_token.empty());
+  CHECK(c.shm);
+  CHECK(c.debug == "off");
+  CHECK(c.algo.empty());
+  CHECK(c.plugin_path.empty());
+  CHECK(c.unknown.empty());
+}
+
+TEST_CASE("every WEFT_ variable is parsed into its field", "[core][config]") {
+  const Config c = parse({{"WEFT_LOG", "trace"},
+                          {"WEFT_TIMEOUT", "2.5"},
+                          {"WEFT_STORE_TOKEN", "s3cret"},
+                          {"WEFT_SHM", "0"},
+                          {"WEFT_DEBUG", "detail"},
+                          {"WEFT_ALGO", "ring"},
+                          {"WEFT_PLUGIN_PATH", "/opt/a::/opt/b:"}});
+  CHECK(c.log_level == LogLevel::Trace);
+  CHECK(c.timeout == milliseconds(2500));
+  CHECK(c.store_token == "s3cret");
+  CHECK_FALSE(c.shm);
+  CHECK(c.debug == "detail");
+  CHECK(c.algo == "ring");
+  CHECK(c.plugin_path == std::vector<std::string>{"/opt/a", "/opt/b"});  // empty entries dropped
+}
+
+TEST_CASE("every log level name parses", "[core][config]") {
+  for (LogLevel level :
+       {LogLevel::Error, LogLevel::Warn, LogLevel::Info, LogLevel::Debug, LogLevel::Trace}) {
+    CHECK(parse({{"WEFT_LOG", log_level_name(level)}}).log_level == level);
+  }
+}
+
+TEST_CASE("boolean variables take 1/0, true/false, yes/no and on/off", "[core][config]") {
+  for (const char* yes : {"1", "true", "yes", "on"}) CHECK(parse({{"WEFT_SHM", yes}}).shm);
+  for (const char* no : {"0", "false", "no", "off"}) CHECK_FALSE(parse({{"WEFT_SHM", no}}).shm);
+}
+
+TEST_CASE("an empty value means unset for parsed variables", "[core][config]") {
+  const Config c = parse({{"WEFT_LOG", ""}, {"WEFT_TIMEOUT", ""}, {"WEFT_SHM", ""}});
+  CHECK(c.log_level == LogLevel::Warn);
+  CHECK(c.timeout == milliseconds(300'000));
+  CHECK(c.shm);
+}
+
+TEST_CASE("a malformed value raises InvalidArgument naming the variable and the value",
+          "[core][config]") {
+  CHECK(parse_error({{"WEFT_LOG", "loud"}}) ==
+        "configuration: InvalidArgument: WEFT_LOG=\"loud\" is not valid; expected error, warn, "
+        "info, debug or trace");
+  CHECK_THAT(parse_error({{"WEFT_SHM", "maybe"}}), Catch::Contains("WEFT_SHM=\"maybe\""));
+  CHECK_THAT(parse_error({{"WEFT_DEBUG", "all"}}),
+             Catch::Contains("WEFT_DEBUG=\"all\"") && Catch::Contains("off or detail"));
+  CHECK_THAT(parse_error({{"WEFT_TIMEOUT", "soon"}}),
+             Catch::Contains("WEFT_TIMEOUT=\"soon\" is not a duration"));
+  CHECK_THAT(parse_error({{"WEFT_LOG", "WARN"}}), Catch::Contains("WEFT_LOG"));  // exact case
+}
+
+TEST_CASE("parse_duration reads seconds by default and ms, s, m and h units", "[core][config]") {
+  CHECK(parse_duration("300", "T") == milliseconds(300'000));
+  CHECK(parse_duration("2.5", "T") == milliseconds(2'500));
+  CHECK(parse_duration("0", "T") == milliseconds(0));
+  CHECK(parse_duration("500ms", "T") == milliseconds(500));
+  CHECK(parse_duration("30s", "T") == milliseconds(30'000));
+  CHECK(parse_duration("5m", "T") == milliseconds(300'000));
+  CHECK(parse_duration("1h", "T") == milliseconds(3'600'000));
+  CHECK(parse_duration("0.0004", "T") == milliseconds(0));  // rounds to the nearest ms
+  CHECK(parse_duration("1.5ms", "T") == milliseconds(2));
+}
+
+TEST_CASE("parse_duration refuses negative, non-finite, unitless garbage and huge values",
+          "[core][config]") {
+  for (const char* bad : {"", "-1", "nan", "inf", "5 s", "5sec", "ms", "10d", "1e300", "1e13h"}) {
+    INFO(bad);
+    try {
+      parse_duration(bad, "WEFT_TIMEOUT");
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::InvalidArgument);
+      CHECK_THAT(e.what(), Catch::Contains("WEFT_TIMEOUT=\"" + std::string(bad) + "\""));
+    }
+  }
+}
+
+TEST_CASE("config() reads the real environment and lists unknown WEFT_ variables",
+          "[core][config]") {
+  // config() is parsed once per process, so the check runs in a child whose environment is set
+  // before its first call; the exit status carries the verdict.
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setenv("WEFT_TIMEOUT", "7s", 1);
+    setenv("WEFT_LOG", "error", 1);    // keeps the unknown-variable warning off the test output
+    setenv("WEFT_TIMEOT", "1", 1);     // a typo
+    setenv("WEFT_TEST_SEED", "1", 1);  // the test suite's own: not reported
+    const Config& c = config();
+    const bool ok = c.timeout == milliseconds(7'000) && c.log_level == LogLevel::Error &&
+                    std::count(c.unknown.begin(), c.unknown.end(), "WEFT_TIMEOT") == 1 &&
+                    std::count(c.unknown.begin(), c.unknown.end(), "WEFT_TEST_SEED") == 0 &&
+                    &config() == &c;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+}  // namespace
+}  // namespace weft

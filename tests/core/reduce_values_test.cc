@@ -1,0 +1,264 @@
+// The reduce kernels on hand-picked values whose results are known exactly: half and bfloat16
+// rounding and overflow, NaN/infinity/signed zero rules, integer wrap, Bool, and refusals.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "weft/error.h"
+
+#include "runtime/reduce.h"
+
+namespace weft {
+namespace {
+
+// a op b through combine(), and through accumulate() for good measure (they must agree).
+template <typename T>
+T reduce2(T a, T b, DType dtype, ReduceOp op) {
+  T out{};
+  reduce::combine(&out, &a, &b, 1, dtype, op);
+  T acc = a;
+  reduce::accumulate(&acc, &b, 1, dtype, op);
+  REQUIRE(std::bit_cast<std::array<uint8_t, sizeof(T)>>(acc) ==
+          std::bit_cast<std::array<uint8_t, sizeof(T)>>(out));
+  return out;
+}
+
+uint16_t half_op(uint16_t a, uint16_t b, ReduceOp op = ReduceOp::Sum) {
+  return reduce2<uint16_t>(a, b, DType::Float16, op);
+}
+uint16_t bf16_op(uint16_t a, uint16_t b, ReduceOp op = ReduceOp::Sum) {
+  return reduce2<uint16_t>(a, b, DType::BFloat16, op);
+}
+bool half_is_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0; }
+bool bf16_is_nan(uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0; }
+
+TEST_CASE("float16 sums round to nearest even, overflow to infinity and keep denormals",
+          "[core][reduce]") {
+  CHECK(half_op(0x3c00, 0x1000) == 0x3c00);     // 1 + 2^-11: a tie, to even (down)
+  CHECK(half_op(0x3c01, 0x1000) == 0x3c02);     // (1 + 2^-10) + 2^-11: a tie, to even (up)
+  CHECK(half_op(0x3c00, 0x1001) == 0x3c01);     // just above the tie
+  CHECK(half_op(0x7bff, 0x7bff) == 0x7c00);     // 65504 + 65504 = inf
+  CHECK(half_op(0x7bff, 0x4c00) == 0x7c00);     // 65504 + 16 = 65520: tie, to even = inf
+  CHECK(half_op(0x7bff, 0x4800) == 0x7bff);     // 65504 + 8 rounds back down
+  CHECK(half_op(0xfbff, 0xfbff) == 0xfc00);     // -inf
+  CHECK(half_op(0x0001, 0x0001) == 0x0002);     // smallest denormals add exactly
+  CHECK(half_op(0x03ff, 0x0001) == 0x0400);     // largest denormal + smallest = smallest normal
+  CHECK(half_op(0x0001, 0x8001) == 0x0000);     // x + -x = +0
+  CHECK(half_op(0x8000, 0x8000) == 0x8000);     // -0 + -0 = -0
+  CHECK(half_op(0x8000, 0x0000) == 0x0000);     // -0 + +0 = +0
+  CHECK(half_op(0x7c00, 0x3c00) == 0x7c00);     // inf + 1 = inf
+  CHECK(half_is_nan(half_op(0x7c00, 0xfc00)));  // inf + -inf = NaN
+}
+
+TEST_CASE("float16 NaN stays NaN through sum, prod, min and max", "[core][reduce]") {
+  for (uint16_t nan : {uint16_t{0x7c01}, uint16_t{0x7e00}, uint16_t{0xfe00}, uint16_t{0x7fff}}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max}) {
+      INFO(reduce_op_name(op) << " with NaN 0x" << std::hex << nan);
+      CHECK(half_is_nan(half_op(nan, 0x3c00, op)));
+      CHECK(half_is_nan(half_op(0xfc00, nan, op)));
+      CHECK(half_is_nan(half_op(nan, nan, op)));
+    }
+  }
+}
+
+TEST_CASE("float16 products and premultiply round denormal ties to even", "[core][reduce]") {
+  CHECK(half_op(0x0001, 0x3800, ReduceOp::Prod) == 0x0000);  // 2^-24 * 0.5: tie, to even 0
+  CHECK(half_op(0x0003, 0x3800, ReduceOp::Prod) == 0x0002);  // 1.5 ulp: tie, to even 2
+  CHECK(half_op(0x5bff, 0x5bff, ReduceOp::Prod) == 0x7bfe);  // 255.875^2 = 65472.02 -> 65472
+  CHECK(half_op(0x5c00, 0x5c00, ReduceOp::Prod) == 0x7c00);  // 256^2 = 65536 overflows
+  uint16_t x[] = {0x0001, 0x0003, 0x3c00, 0x7bff};
+  reduce::premultiply(x, 4, DType::Float16, 0.5);
+  CHECK(x[0] == 0x0000);
+  CHECK(x[1] == 0x0002);
+  CHECK(x[2] == 0x3800);
+  CHECK(x[3] == 0x77ff);
+}
+
+TEST_CASE("min and max order -0 below +0 whatever the argument order", "[core][reduce]") {
+  CHECK(half_op(0x8000, 0x0000, ReduceOp::Min) == 0x8000);
+  CHECK(half_op(0x0000, 0x8000, ReduceOp::Min) == 0x8000);
+  CHECK(half_op(0x8000, 0x0000, ReduceOp::Max) == 0x0000);
+  CHECK(half_op(0x0000, 0x8000, ReduceOp::Max) == 0x0000);
+  CHECK(std::signbit(reduce2(0.0f, -0.0f, DType::Float32, ReduceOp::Min)));
+  CHECK(std::signbit(reduce2(-0.0f, 0.0f, DType::Float32, ReduceOp::Min)));
+  CHECK(!std::signbit(reduce2(-0.0f, 0.0f, DType::Float32, ReduceOp::Max)));
+  CHECK(!std::signbit(reduce2(0.0, -0.0, DType::Float64, ReduceOp::Max)));
+  CHECK(std::signbit(reduce2(0.0, -0.0, DType::Float64, ReduceOp::Min)));
+  CHECK(std::signbit(reduce2(-0.0, -0.0, DType::Float64, ReduceOp::Max)));
+}
+
+TEST_CASE("bfloat16 sums round to nearest even and overflow to infinity", "[core][reduce]") {
+  CHECK(bf16_op(0x3f80, 0x3b80) == 0x3f80);  // 1 + 2^-8: a tie, to even (down)
+  CHECK(bf16_op(0x3f81, 0x3b80) == 0x3f82);  // a tie, to even (up)
+  CHECK(bf16_op(0x7f7f, 0x7f7f) == 0x7f80);  // max + max = inf
+  CHECK(bf16_op(0xff7f, 0xff7f) == 0xff80);
+  CHECK(bf16_op(0x0001, 0x0001) == 0x0002);  // denormals
+  CHECK(bf16_op(0x8000, 0x8000) == 0x8000);
+  CHECK(bf16_is_nan(bf16_op(0x7fc1, 0x3f80)));
+  CHECK(bf16_is_nan(bf16_op(0x7f81, 0x3f80, ReduceOp::Max)));
+  CHECK(bf16_is_nan(bf16_op(0x7f80, 0xff80)));
+  CHECK(bf16_op(0x4000, 0x4040, ReduceOp::Min) == 0x4000);  // 2 vs 3
+  CHECK(bf16_op(0x4000, 0x4040, ReduceOp::Max) == 0x4040);
+}
+
+TEST_CASE("float32 and float64 propagate NaN and infinity and keep denormals", "[core][reduce]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max}) {
+    CHECK(std::isnan(reduce2(nan, 1.0f, DType::Float32, op)));
+    CHECK(std::isnan(reduce2(-inf, nan, DType::Float32, op)));
+    CHECK(std::isnan(reduce2(1.0, std::nan(""), DType::Float64, op)));
+  }
+  CHECK(reduce2(inf, 1e30f, DType::Float32, ReduceOp::Sum) == inf);
+  CHECK(std::isnan(reduce2(inf, -inf, DType::Float32, ReduceOp::Sum)));
+  CHECK(reduce2(3e38f, 3e38f, DType::Float32, ReduceOp::Sum) == inf);
+  CHECK(reduce2(tiny, tiny, DType::Float32, ReduceOp::Sum) == 2 * tiny);
+  CHECK(reduce2(tiny, 0.5f, DType::Float32, ReduceOp::Prod) == 0.0f);  // tie to even zero
+  CHECK(reduce2(-inf, 5.0f, DType::Float32, ReduceOp::Min) == -inf);
+  CHECK(reduce2(-inf, 5.0f, DType::Float32, ReduceOp::Max) == 5.0f);
+  CHECK(reduce2(1e308, 1e308, DType::Float64, ReduceOp::Sum) ==
+        std::numeric_limits<double>::infinity());
+}
+
+TEST_CASE("integer sum and prod wrap modulo 2^bits", "[core][reduce]") {
+  CHECK(reduce2<int32_t>(INT32_MAX, 1, DType::Int32, ReduceOp::Sum) == INT32_MIN);
+  CHECK(reduce2<int32_t>(INT32_MIN, -1, DType::Int32, ReduceOp::Sum) == INT32_MAX);
+  CHECK(reduce2<int32_t>(65536, 65536, DType::Int32, ReduceOp::Prod) == 0);
+  CHECK(reduce2<int32_t>(INT32_MIN, -1, DType::Int32, ReduceOp::Prod) == INT32_MIN);
+  CHECK(reduce2<int64_t>(INT64_MIN, -1, DType::Int64, ReduceOp::Sum) == INT64_MAX);
+  CHECK(reduce2<int64_t>(INT64_MAX, 2, DType::Int64, ReduceOp::Prod) == -2);
+  CHECK(reduce2<int64_t>(INT64_MIN, -1, DType::Int64, ReduceOp::Prod) == INT64_MIN);
+  CHECK(reduce2<int8_t>(16, 16, DType::Int8, ReduceOp::Prod) == 0);
+  CHECK(reduce2<int8_t>(-128, -1, DType::Int8, ReduceOp::Prod) == -128);
+  CHECK(reduce2<int8_t>(100, 3, DType::Int8, ReduceOp::Prod) == 44);  // 300 - 256
+  CHECK(reduce2<int8_t>(127, 1, DType::Int8, ReduceOp::Sum) == -128);
+  CHECK(reduce2<uint8_t>(255, 1, DType::UInt8, ReduceOp::Sum) == 0);
+  CHECK(reduce2<uint8_t>(16, 17, DType::UInt8, ReduceOp::Prod) == 16);  // 272 - 256
+  CHECK(reduce2<int8_t>(-128, 127, DType::Int8, ReduceOp::Min) == -128);
+  CHECK(reduce2<uint8_t>(200, 100, DType::UInt8, ReduceOp::Max) == 200);
+  CHECK(reduce2<int64_t>(0x0f0f, 0x00ff, DType::Int64, ReduceOp::BAnd) == 0x000f);
+  CHECK(reduce2<int32_t>(0x0f0f, 0x00ff, DType::Int32, ReduceOp::BOr) == 0x0fff);
+  CHECK(reduce2<int8_t>(-1, 0x0f, DType::Int8, ReduceOp::BXor) == static_cast<int8_t>(0xf0));
+}
+
+TEST_CASE("integer avg truncates toward zero and handles many contributors", "[core][reduce]") {
+  int32_t sums[] = {-3, 7, -7, 0, INT32_MIN};
+  reduce::finalize(sums, 5, DType::Int32, ReduceOp::Avg, 2);
+  CHECK(sums[0] == -1);
+  CHECK(sums[1] == 3);
+  CHECK(sums[2] == -3);
+  CHECK(sums[3] == 0);
+  CHECK(sums[4] == INT32_MIN / 2);
+  int8_t small[] = {-128, 127, -100};
+  reduce::finalize(small, 3, DType::Int8, ReduceOp::Avg, 200);  // divisor beyond int8's range
+  CHECK(small[0] == 0);
+  CHECK(small[1] == 0);
+  CHECK(small[2] == 0);
+  uint8_t bytes[] = {255, 7};
+  reduce::finalize(bytes, 2, DType::UInt8, ReduceOp::Avg, 2);
+  CHECK(bytes[0] == 127);
+  CHECK(bytes[1] == 3);
+}
+
+TEST_CASE("avg and premul_sum over simulated ranks give the mean", "[core][reduce]") {
+  // Three ranks' inputs, reduced as a collective would: premultiply (PremulSum) or sum, then
+  // finalize (Avg).
+  const std::vector<std::vector<float>> inputs = {{3, -6, 1.5f}, {6, 0, 1.5f}, {9, 3, 1.5f}};
+  std::vector<float> avg = inputs[0];
+  for (size_t r = 1; r < inputs.size(); ++r) {
+    reduce::accumulate(avg.data(), inputs[r].data(), 3, DType::Float32, ReduceOp::Avg);
+  }
+  reduce::finalize(avg.data(), 3, DType::Float32, ReduceOp::Avg, 3);
+  CHECK(avg == std::vector<float>{6, -1, 1.5f});
+
+  const ReduceOp premul = ReduceOp::premul_sum(0.5);
+  std::vector<float> total(3, 0.0f);
+  for (const auto& input : inputs) {
+    std::vector<float> scaled(3);
+    reduce::premultiply(scaled.data(), input.data(), 3, DType::Float32, premul.factor);
+    reduce::accumulate(total.data(), scaled.data(), 3, DType::Float32, premul);
+  }
+  reduce::finalize(total.data(), 3, DType::Float32, premul, 3);  // a no-op for premul_sum
+  CHECK(total == std::vector<float>{9, -1.5f, 2.25f});
+
+  // Avg of equal inputs gives the input back exactly (division, not a reciprocal multiply).
+  std::vector<float> equal(1000, 0.1f);
+  std::vector<float> sum(1000, 0.0f);
+  for (int r = 0; r < 3; ++r) {
+    reduce::accumulate(sum.data(), equal.data(), 1000, DType::Float32, ReduceOp::Avg);
+  }
+  reduce::finalize(sum.data(), 1000, DType::Float32, ReduceOp::Avg, 3);
+  CHECK(sum[999] == 0.3f / 3);  // the sum 0.1+0.1+0.1 = 0.3f in float, divided once
+}
+
+TEST_CASE("bool reduces as logic on any non-zero byte and writes only 0 or 1", "[core][reduce]") {
+  const uint8_t a[] = {0, 0, 2, 2, 255};
+  const uint8_t b[] = {0, 7, 0, 1, 128};
+  auto run = [&](ReduceOp op) {
+    std::vector<uint8_t> out(5, 0xee);
+    reduce::combine(out.data(), a, b, 5, DType::Bool, op);
+    return out;
+  };
+  using V = std::vector<uint8_t>;
+  CHECK(run(ReduceOp::Sum) == V{0, 1, 1, 1, 1});
+  CHECK(run(ReduceOp::Max) == V{0, 1, 1, 1, 1});
+  CHECK(run(ReduceOp::BOr) == V{0, 1, 1, 1, 1});
+  CHECK(run(ReduceOp::Prod) == V{0, 0, 0, 1, 1});
+  CHECK(run(ReduceOp::Min) == V{0, 0, 0, 1, 1});
+  CHECK(run(ReduceOp::BAnd) == V{0, 0, 0, 1, 1});
+  CHECK(run(ReduceOp::BXor) == V{0, 1, 1, 0, 0});
+}
+
+std::string refusal(DType dtype, ReduceOp op) {
+  try {
+    float data[2] = {1.0f, 2.0f};
+    reduce::accumulate(data, data, 1, dtype, op);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST_CASE("unsupported dtype and op pairs are refused naming the op and the dtype",
+          "[core][reduce]") {
+  CHECK(refusal(DType::Float32, ReduceOp::BAnd) ==
+        "reduce: InvalidArgument: band is not defined for float32 (bitwise ops need an integer "
+        "or bool dtype)");
+  CHECK_THAT(refusal(DType::BFloat16, ReduceOp::BXor),
+             Catch::Contains("bxor") && Catch::Contains("bfloat16"));
+  CHECK_THAT(refusal(DType::Float64, ReduceOp::BOr), Catch::Contains("bor"));
+  CHECK_THAT(refusal(DType::Int32, ReduceOp::premul_sum(2)),
+             Catch::Contains("premul_sum") && Catch::Contains("int32"));
+  CHECK_THAT(refusal(DType::Bool, ReduceOp::Avg),
+             Catch::Contains("avg") && Catch::Contains("bool"));
+  CHECK_THAT(refusal(static_cast<DType>(42), ReduceOp::Sum), Catch::Contains("unknown dtype 42"));
+  CHECK_THAT(refusal(DType::Int8, ReduceOp(static_cast<ReduceOp::Kind>(17))),
+             Catch::Contains("unknown reduce op 17"));
+  CHECK_THROWS_AS(reduce::premultiply(nullptr, 0, DType::Int64, 2.0), Error);
+  CHECK_THROWS_AS(reduce::finalize(nullptr, 0, DType::Bool, ReduceOp::Avg, 2), Error);
+}
+
+TEST_CASE("a refused call leaves the buffer untouched", "[core][reduce]") {
+  float data[] = {1.5f, 2.5f};
+  const float other[] = {4.0f, 8.0f};
+  CHECK_THROWS_AS(reduce::combine(data, data, other, 2, DType::Float32, ReduceOp::BOr), Error);
+  CHECK(data[0] == 1.5f);
+  CHECK(data[1] == 2.5f);
+}
+
+TEST_CASE("finalize with no contributors is a caller bug reported as a logic error",
+          "[core][reduce]") {
+  float x = 1.0f;
+  CHECK_THROWS_AS(reduce::finalize(&x, 1, DType::Float32, ReduceOp::Avg, 0), std::logic_error);
+  CHECK(x == 1.0f);
+}
+
+}  // namespace
+}  // namespace weft
