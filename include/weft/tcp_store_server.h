@@ -26,7 +26,7 @@ struct TcpStoreServerOptions {
   // 0: the kernel picks a free port; read it back with port().
   uint16_t port = 0;
   // Shared secret for the authentication extension. Unset: WEFT_STORE_TOKEN. Empty: off.
-  std::optional<std::string> token;
+  std::optional<std::string> token = std::nullopt;
   // Limits; a connection that breaks one is closed.
   size_t max_key_bytes = 8 * 1024;
   size_t max_value_bytes = 8 * 1024 * 1024;
@@ -36,6 +36,9 @@ struct TcpStoreServerOptions {
   // Replies queued for a client that does not read them.
   size_t max_pending_reply_bytes_per_connection = 64 * 1024 * 1024;
   size_t max_connections = 65536;
+  // Request + reply bytes held for all connections together: the connection whose buffering
+  // crosses it is closed, so the server's memory beyond the stored data stays bounded.
+  size_t max_total_buffered_bytes = size_t{1} << 30;
 };
 
 class TcpStoreServer {
