@@ -1,1 +1,233 @@
-// filled in by its owner
+#include "weft/rendezvous.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "weft/config.h"
+#include "weft/error.h"
+#include "weft/file_store.h"
+#include "weft/tcp_store.h"
+
+#include "runtime/launch_env.h"
+#include "runtime/log.h"
+
+namespace weft {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Missing ranks named in a timeout message; past this the message gives a count.
+constexpr size_t kMaxNamedRanks = 16;
+
+const char* process_env(const char* name) { return std::getenv(name); }
+
+// The explicit value of `name` from the URL and the options; both set and different is an error.
+std::optional<int> explicit_value(std::optional<int> from_url, std::optional<int> from_options,
+                                  const char* name, const std::string& where) {
+  if (from_url && from_options && *from_url != *from_options) {
+    throw_error(
+        ErrorCode::InvalidArgument, where,
+        fmt::format("the URL says {}={} but the options say {}", name, *from_url, *from_options));
+  }
+  return from_options ? from_options : from_url;
+}
+
+// The integer in environment variable `name`, or `fallback` when it is unset.
+int env_int(const char* name, int fallback, int min, const std::string& where) {
+  const char* text = process_env(name);
+  if (text == nullptr) return fallback;
+  int value = 0;
+  const char* end = text + std::strlen(text);
+  auto [ptr, ec] = std::from_chars(text, end, value);
+  if (ptr == text || ec != std::errc() || ptr != end || value < min) {
+    throw_error(ErrorCode::InvalidArgument, where,
+                fmt::format("{}='{}' is not an integer >= {}", name, text, min));
+  }
+  return value;
+}
+
+// LOCAL_RANK / LOCAL_WORLD_SIZE when the environment has them (tcp:// and file:// under a
+// launcher); otherwise every rank is taken to be on this host.
+void local_ranks_from_env(LaunchInfo& info, const std::string& where) {
+  info.local_rank = env_int("LOCAL_RANK", info.rank, 0, where);
+  info.local_world_size = env_int("LOCAL_WORLD_SIZE", info.world_size, 1, where);
+  if (info.local_rank >= info.local_world_size) {
+    throw_error(ErrorCode::InvalidArgument, where,
+                fmt::format("LOCAL_RANK={} is out of range for LOCAL_WORLD_SIZE={}",
+                            info.local_rank, info.local_world_size));
+  }
+}
+
+void check_rank(const LaunchInfo& info, const std::string& where) {
+  if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size) {
+    throw_error(
+        ErrorCode::InvalidArgument, where,
+        fmt::format("rank {} is out of range for world size {}", info.rank, info.world_size));
+  }
+}
+
+// Works out rank, size and the store's address from the URL, the options and the environment.
+LaunchInfo plan(const StoreUrl& url, const RendezvousOptions& options, const std::string& where) {
+  std::optional<int> rank = explicit_value(url.rank, options.rank, "rank", where);
+  std::optional<int> world_size =
+      explicit_value(url.world_size, options.world_size, "world_size", where);
+  LaunchInfo info;
+  if (url.scheme == StoreUrl::Scheme::Env && !(rank && world_size)) {
+    info = parse_launch_env(process_env);
+    if (rank) info.rank = *rank;
+    if (world_size) info.world_size = *world_size;
+  } else {
+    if (!rank || !world_size) {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  "rank and world_size are needed (in the URL as ?rank=R&world_size=N, or in "
+                  "RendezvousOptions)");
+    }
+    info.rank = *rank;
+    info.world_size = *world_size;
+    info.source = "explicit";
+    check_rank(info, where);
+    local_ranks_from_env(info, where);
+    if (url.scheme == StoreUrl::Scheme::Tcp) {
+      info.master_addr = url.host;
+      info.master_port = url.port;
+    } else if (url.scheme == StoreUrl::Scheme::Env) {
+      // env:// with explicit rank and size still finds the store through the environment.
+      const char* addr = process_env("MASTER_ADDR");
+      const char* port = process_env("MASTER_PORT");
+      if (addr == nullptr || port == nullptr) {
+        throw_error(ErrorCode::InvalidArgument, where,
+                    "MASTER_ADDR and MASTER_PORT must be set to find the store");
+      }
+      StoreUrl tcp = parse_store_url(fmt::format("tcp://{}:{}", addr, port));
+      info.master_addr = tcp.host;
+      info.master_port = tcp.port;
+    }
+    info.agent_store = agent_store_requested(process_env);
+  }
+  check_rank(info, where);
+  return info;
+}
+
+milliseconds remaining(Clock::time_point deadline) {
+  return std::max(milliseconds(1),
+                  std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+}
+
+std::string seconds_text(milliseconds timeout) {
+  return fmt::format("{:g} s", static_cast<double>(timeout.count()) / 1000.0);
+}
+
+// Every rank claims "<prefix>rank/<r>", counts itself in "<prefix>joined", and the last to arrive
+// sets "<prefix>complete", which all wait for. The per-rank keys let a timeout name the missing.
+void join(Store& store, const LaunchInfo& info, Clock::time_point deadline, milliseconds timeout,
+          const std::string& where) {
+  // torchrun's agent store outlives restarted workers: each restart rendezvouses afresh.
+  const char* restart = process_env("TORCHELASTIC_RESTART_COUNT");
+  const std::string prefix = fmt::format("weft/rendezvous/{}/", restart ? restart : "0");
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string me = fmt::format("{}:{}", host, getpid());
+
+  Bytes claimed =
+      store.compare_set(fmt::format("{}rank/{}", prefix, info.rank), Bytes{}, to_bytes(me));
+  if (to_string(claimed) != me) {
+    throw_error(ErrorCode::InvalidArgument, where,
+                fmt::format("rank {} was already claimed by {} (two processes with the same rank?)",
+                            info.rank, to_string(claimed)));
+  }
+  int64_t joined = store.add(prefix + "joined", 1);
+  if (joined > info.world_size) {
+    throw_error(ErrorCode::InvalidArgument, where,
+                fmt::format("{} processes joined a job of world size {}", joined, info.world_size));
+  }
+  if (joined == info.world_size) store.set(prefix + "complete", std::string_view("1"));
+  try {
+    store.wait({prefix + "complete"}, remaining(deadline));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::Timeout) throw;
+    int64_t arrived = store.add(prefix + "joined", 0);
+    std::string missing;
+    size_t named = 0;
+    for (int r = 0; r < info.world_size && named <= kMaxNamedRanks; ++r) {
+      if (store.check({fmt::format("{}rank/{}", prefix, r)})) continue;
+      if (named == kMaxNamedRanks) {
+        missing += ", ...";
+      } else {
+        missing += fmt::format("{}{}", named == 0 ? "" : ", ", r);
+      }
+      ++named;
+    }
+    throw_error(ErrorCode::Timeout, where,
+                fmt::format("after {}: {}/{} ranks arrived; missing rank(s) {} (did they start? "
+                            "raise WEFT_TIMEOUT if they are slow)",
+                            seconds_text(timeout), arrived, info.world_size, missing));
+  }
+}
+
+}  // namespace
+
+Rendezvous rendezvous(const RendezvousOptions& options) {
+  const milliseconds timeout =
+      options.timeout > milliseconds(0) ? options.timeout : config().timeout;
+  const Clock::time_point deadline = Clock::now() + timeout;
+  std::string where = fmt::format("rendezvous {}", options.url);
+  StoreUrl url = parse_store_url(options.url);
+  LaunchInfo info = plan(url, options, where);
+  where = fmt::format("rendezvous {} (rank {}/{}, {}", options.url, info.rank, info.world_size,
+                      info.source);
+  if (url.scheme != StoreUrl::Scheme::File) {
+    where += fmt::format(", store {}:{}", info.master_addr, info.master_port);
+  }
+  where += ")";
+  log::set_rank(info.rank);
+
+  Rendezvous result;
+  result.rank = info.rank;
+  result.world_size = info.world_size;
+  result.local_rank = info.local_rank;
+  result.local_world_size = info.local_world_size;
+  if (url.scheme == StoreUrl::Scheme::File) {
+    result.store = std::make_shared<FileStore>(url.path, info.world_size);
+  } else {
+    if (info.rank == 0 && !info.agent_store) {
+      TcpStoreServerOptions server_options;
+      server_options.host = store_bind_address(info.master_addr);
+      server_options.port = info.master_port;
+      try {
+        result.server = std::make_unique<TcpStoreServer>(server_options);
+      } catch (const Error& e) {
+        throw Error(e.code(), fmt::format("{}: rank 0 cannot host the store: {} (is the port in "
+                                          "use? set MASTER_PORT)",
+                                          where, e.what()));
+      }
+      WEFT_LOG_INFO("{}: hosting the store on {}:{}", where, server_options.host,
+                    result.server->port());
+    }
+    TCPStoreOptions client_options;
+    client_options.host = info.master_addr;
+    client_options.port = info.master_port;
+    client_options.timeout = remaining(deadline);
+    try {
+      result.store = std::make_shared<TCPStore>(client_options);
+    } catch (const Error& e) {
+      throw Error(e.code(),
+                  fmt::format("{}: cannot reach the store: {} (it is hosted by {}; did "
+                              "that start?)",
+                              where, e.what(), info.agent_store ? "the launcher" : "rank 0"));
+    }
+  }
+  result.store->set_timeout(timeout);
+  join(*result.store, info, deadline, timeout, where);
+  WEFT_LOG_INFO("{}: all {} ranks joined", where, info.world_size);
+  return result;
+}
+
+Rendezvous init_process_group() { return rendezvous(RendezvousOptions{}); }
+
+}  // namespace weft

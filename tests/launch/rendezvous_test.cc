@@ -1,0 +1,342 @@
+// rendezvous() end to end on real processes: tcp://, file://, env:// (torchrun and Slurm
+// variables), torchrun's agent store, and the errors that name missing or duplicate ranks.
+#include "weft/rendezvous.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include "weft/error.h"
+#include "weft/tcp_store.h"
+#include "weft/tcp_store_server.h"
+
+#include "tests/support/multiproc.h"
+
+namespace weft {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr int kRanks = 4;
+
+// Each rank publishes rank*rank + 7 under its own key and checks every other rank's value; then
+// all count themselves done, and rank 0 (which may host the store) leaves last.
+void exchange(Rendezvous& rdzv) {
+  Store& store = *rdzv.store;
+  store.set(fmt::format("test/value/{}", rdzv.rank), std::to_string(rdzv.rank * rdzv.rank + 7));
+  for (int r = 0; r < rdzv.world_size; ++r) {
+    std::string value = store.get_string(fmt::format("test/value/{}", r));
+    RANK_CHECK(value == std::to_string(r * r + 7), "rank {} read {} for rank {}", rdzv.rank, value,
+               r);
+  }
+  if (store.add("test/done", 1) == rdzv.world_size) store.set("test/all_done", "1");
+  if (rdzv.rank == 0) store.wait({"test/all_done"});
+}
+
+void check_identity(const Rendezvous& rdzv, int rank, int world_size) {
+  RANK_CHECK(rdzv.rank == rank, "got rank {}", rdzv.rank);
+  RANK_CHECK(rdzv.world_size == world_size, "got world size {}", rdzv.world_size);
+  RANK_CHECK(rdzv.store != nullptr);
+}
+
+TcpStoreServerOptions loopback_server_options() {
+  TcpStoreServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  return options;
+}
+
+TCPStoreOptions client_options(uint16_t port) {
+  TCPStoreOptions options;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.timeout = seconds(5);
+  return options;
+}
+
+void set_env(const char* name, const std::string& value) { setenv(name, value.c_str(), 1); }
+
+// Each rank starts from an environment without launcher variables, so that the tests pass when
+// the test runner itself runs under torchrun, srun or mpirun.
+void clear_launcher_env() {
+  for (const char* name : {"RANK",
+                           "WORLD_SIZE",
+                           "LOCAL_RANK",
+                           "LOCAL_WORLD_SIZE",
+                           "MASTER_ADDR",
+                           "MASTER_PORT",
+                           "TORCHELASTIC_USE_AGENT_STORE",
+                           "TORCHELASTIC_RESTART_COUNT",
+                           "SLURM_PROCID",
+                           "SLURM_NTASKS",
+                           "SLURM_LOCALID",
+                           "SLURM_NODEID",
+                           "SLURM_STEP_NODELIST",
+                           "SLURM_JOB_NODELIST",
+                           "SLURM_STEP_TASKS_PER_NODE",
+                           "SLURM_TASKS_PER_NODE",
+                           "SLURM_JOB_ID",
+                           "SLURM_JOBID",
+                           "OMPI_COMM_WORLD_RANK",
+                           "OMPI_COMM_WORLD_SIZE",
+                           "OMPI_COMM_WORLD_LOCAL_RANK",
+                           "OMPI_COMM_WORLD_LOCAL_SIZE",
+                           "OMPI_MCA_ess_base_jobid",
+                           "PMIX_NAMESPACE"}) {
+    unsetenv(name);
+  }
+}
+
+// The message of the weft::Error that `call` throws, checked to have `code`.
+template <typename Call>
+std::string error_of(Call call, ErrorCode code) {
+  try {
+    call();
+  } catch (const Error& e) {
+    RANK_CHECK(e.code() == code, "code {} for: {}", error_code_name(e.code()), e.what());
+    return e.what();
+  }
+  RANK_CHECK(false, "no error thrown");
+  return "";
+}
+
+TEST_CASE("tcp:// rendezvous on 4 processes: rank 0 hosts on loopback, all exchange values",
+          "[launch][rendezvous][multiproc]") {
+  uint16_t port = test::free_port();
+  test::run_ranks_ok(kRanks, [port](int rank) {
+    clear_launcher_env();
+    Rendezvous rdzv = rendezvous(
+        {.url = fmt::format("tcp://127.0.0.1:{}?rank={}&world_size={}", port, rank, kRanks),
+         .timeout = seconds(20)});
+    check_identity(rdzv, rank, kRanks);
+    RANK_CHECK((rdzv.server != nullptr) == (rank == 0), "hosting the store on rank {}", rank);
+    if (rank == 0) {
+      RANK_CHECK(rdzv.server->host() == "127.0.0.1", "bound {}", rdzv.server->host());
+      RANK_CHECK(rdzv.server->port() == port);
+    }
+    RANK_CHECK(rdzv.store->timeout() == seconds(20));
+    exchange(rdzv);
+  });
+}
+
+TEST_CASE("rank and world size may come from the options instead of the URL",
+          "[launch][rendezvous][multiproc]") {
+  uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [port](int rank) {
+    clear_launcher_env();
+    Rendezvous rdzv = rendezvous({.url = fmt::format("tcp://localhost:{}", port),
+                                  .rank = rank,
+                                  .world_size = 2,
+                                  .timeout = seconds(20)});
+    check_identity(rdzv, rank, 2);
+    exchange(rdzv);
+  });
+}
+
+TEST_CASE("file:// rendezvous on 4 processes shares one FileStore",
+          "[launch][rendezvous][multiproc]") {
+  char dir_template[] = "/tmp/weft-rdzv-XXXXXX";
+  REQUIRE(mkdtemp(dir_template) != nullptr);
+  std::string path = std::string(dir_template) + "/store";
+  test::run_ranks_ok(kRanks, [&path](int rank) {
+    clear_launcher_env();
+    Rendezvous rdzv =
+        rendezvous({.url = fmt::format("file://{}?rank={}&world_size={}", path, rank, kRanks),
+                    .timeout = seconds(20)});
+    check_identity(rdzv, rank, kRanks);
+    RANK_CHECK(rdzv.server == nullptr);
+    exchange(rdzv);
+  });
+  std::filesystem::remove_all(dir_template);
+}
+
+TEST_CASE("env:// with torchrun variables on 4 processes: rank 0 hosts, local ranks are read",
+          "[launch][rendezvous][multiproc]") {
+  uint16_t port = test::free_port();
+  test::run_ranks_ok(kRanks, [port](int rank) {
+    clear_launcher_env();
+    set_env("RANK", std::to_string(rank));
+    set_env("WORLD_SIZE", std::to_string(kRanks));
+    set_env("LOCAL_RANK", std::to_string(rank % 2));
+    set_env("LOCAL_WORLD_SIZE", "2");
+    set_env("MASTER_ADDR", "127.0.0.1");
+    set_env("MASTER_PORT", std::to_string(port));
+    set_env("WEFT_TIMEOUT", "20");
+    Rendezvous rdzv = init_process_group();
+    check_identity(rdzv, rank, kRanks);
+    RANK_CHECK(rdzv.local_rank == rank % 2, "local rank {}", rdzv.local_rank);
+    RANK_CHECK(rdzv.local_world_size == 2);
+    RANK_CHECK((rdzv.server != nullptr) == (rank == 0));
+    exchange(rdzv);
+  });
+}
+
+TEST_CASE("env:// with Slurm variables on one node rendezvouses on loopback",
+          "[launch][rendezvous][multiproc]") {
+  uint16_t port = test::free_port();
+  test::run_ranks_ok(3, [port](int rank) {
+    clear_launcher_env();
+    set_env("SLURM_PROCID", std::to_string(rank));
+    set_env("SLURM_NTASKS", "3");
+    set_env("SLURM_LOCALID", std::to_string(rank));
+    set_env("SLURM_NODEID", "0");
+    set_env("SLURM_JOB_NODELIST", "node[007]");
+    set_env("SLURM_TASKS_PER_NODE", "3");
+    set_env("SLURM_JOB_ID", "4242");
+    // The derived port (14242) could be taken on a shared machine; MASTER_PORT overrides it.
+    set_env("MASTER_PORT", std::to_string(port));
+    Rendezvous rdzv = rendezvous({.timeout = seconds(20)});
+    check_identity(rdzv, rank, 3);
+    RANK_CHECK(rdzv.local_world_size == 3);
+    if (rank == 0) RANK_CHECK(rdzv.server->host() == "127.0.0.1", "{}", rdzv.server->host());
+    exchange(rdzv);
+  });
+}
+
+TEST_CASE("env:// with Open MPI variables on one host rendezvouses on loopback",
+          "[launch][rendezvous][multiproc]") {
+  uint16_t port = test::free_port();
+  test::run_ranks_ok(3, [port](int rank) {
+    clear_launcher_env();
+    set_env("OMPI_COMM_WORLD_RANK", std::to_string(rank));
+    set_env("OMPI_COMM_WORLD_SIZE", "3");
+    set_env("OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(rank));
+    set_env("OMPI_COMM_WORLD_LOCAL_SIZE", "3");
+    set_env("OMPI_MCA_ess_base_jobid", "3735814145");
+    set_env("MASTER_PORT", std::to_string(port));
+    Rendezvous rdzv = rendezvous({.timeout = seconds(20)});
+    check_identity(rdzv, rank, 3);
+    RANK_CHECK(rdzv.local_rank == rank && rdzv.local_world_size == 3);
+    if (rank == 0) RANK_CHECK(rdzv.server->host() == "127.0.0.1", "{}", rdzv.server->host());
+    exchange(rdzv);
+  });
+}
+
+// A server started by the test plays torchrun's agent: with TORCHELASTIC_USE_AGENT_STORE=True no
+// rank binds the port (rank 0 would fail with Io: the test's server holds it).
+TEST_CASE("under torchrun's agent store every rank, rank 0 included, connects as a client",
+          "[launch][rendezvous][multiproc]") {
+  TcpStoreServer agent(loopback_server_options());
+  uint16_t port = agent.port();
+  test::run_ranks_ok(kRanks, [port](int rank) {
+    clear_launcher_env();
+    set_env("RANK", std::to_string(rank));
+    set_env("WORLD_SIZE", std::to_string(kRanks));
+    set_env("MASTER_ADDR", "127.0.0.1");
+    set_env("MASTER_PORT", std::to_string(port));
+    set_env("TORCHELASTIC_USE_AGENT_STORE", "True");
+    Rendezvous rdzv = rendezvous({.timeout = seconds(20)});
+    check_identity(rdzv, rank, kRanks);
+    RANK_CHECK(rdzv.server == nullptr, "rank {} hosted a store", rank);
+    exchange(rdzv);
+  });
+  TCPStore client(client_options(port));
+  for (int r = 0; r < kRanks; ++r) {
+    CHECK(client.get_string(fmt::format("test/value/{}", r)) == std::to_string(r * r + 7));
+  }
+}
+
+TEST_CASE("a rendezvous missing a rank times out naming how many arrived and which are missing",
+          "[launch][rendezvous][multiproc]") {
+  // The store outlives the ranks so that each can still inspect it when its wait times out.
+  TcpStoreServer agent(loopback_server_options());
+  uint16_t port = agent.port();
+  test::run_ranks_ok(2, [port](int rank) {
+    clear_launcher_env();
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    std::string message = error_of(
+        [&] {
+          rendezvous({.url = fmt::format("tcp://127.0.0.1:{}?rank={}&world_size=4", port,
+                                         rank == 0 ? 0 : 2),
+                      .timeout = milliseconds(1500)});
+        },
+        ErrorCode::Timeout);
+    RANK_CHECK(message.find("2/4 ranks arrived; missing rank(s) 1, 3") != std::string::npos,
+               "message: {}", message);
+    RANK_CHECK(message.find("rendezvous tcp://127.0.0.1:") != std::string::npos, "{}", message);
+  });
+}
+
+TEST_CASE("two processes claiming one rank are refused naming the first claimant",
+          "[launch][rendezvous][multiproc]") {
+  TcpStoreServer agent(loopback_server_options());
+  uint16_t port = agent.port();
+  std::string url = fmt::format("tcp://127.0.0.1:{}?rank=1&world_size=2", port);
+  // The first claimant waits for rank 0, which never comes; the second, started once the first
+  // has claimed, is refused at once.
+  test::run_ranks_ok(2, [&](int process) {
+    clear_launcher_env();
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    if (process == 1) {
+      TCPStore client(client_options(port));
+      client.wait({"weft/rendezvous/0/rank/1"}, seconds(10));
+    }
+    std::string message = error_of([&] { rendezvous({.url = url, .timeout = seconds(1)}); },
+                                   process == 0 ? ErrorCode::Timeout : ErrorCode::InvalidArgument);
+    if (process == 1) {
+      RANK_CHECK(message.find("rank 1 was already claimed by") != std::string::npos, "{}", message);
+    }
+  });
+}
+
+TEST_CASE("a rank that cannot reach the store fails with Timeout naming who should host it",
+          "[launch][rendezvous]") {
+  clear_launcher_env();
+  uint16_t port = test::free_port();
+  try {
+    rendezvous({.url = fmt::format("tcp://127.0.0.1:{}?rank=1&world_size=2", port),
+                .timeout = milliseconds(300)});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Timeout);
+    CHECK_THAT(e.what(),
+               Catch::Contains(fmt::format("store 127.0.0.1:{}): cannot reach the store", port)));
+    CHECK_THAT(e.what(), Catch::Contains("hosted by rank 0"));
+  }
+}
+
+TEST_CASE("rank 0 fails with Io naming the address when the store's port is taken",
+          "[launch][rendezvous]") {
+  clear_launcher_env();
+  TcpStoreServer holder(loopback_server_options());
+  try {
+    rendezvous({.url = fmt::format("tcp://127.0.0.1:{}?rank=0&world_size=2", holder.port()),
+                .timeout = seconds(5)});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Io);
+    CHECK_THAT(e.what(), Catch::Contains("rank 0 cannot host the store"));
+    CHECK_THAT(e.what(), Catch::Contains(std::to_string(holder.port())));
+  }
+}
+
+TEST_CASE("rendezvous refuses bad URLs and missing ranks before touching the network",
+          "[launch][rendezvous]") {
+  clear_launcher_env();
+  auto message = [](RendezvousOptions options) {
+    try {
+      rendezvous(options);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::InvalidArgument);
+      return std::string(e.what());
+    }
+    FAIL("no error");
+    return std::string();
+  };
+  CHECK_THAT(message({.url = "tcp://127.0.0.1:1"}), Catch::Contains("rank and world_size"));
+  CHECK_THAT(message({.url = "udp://x:1"}), Catch::Contains("unknown scheme"));
+  CHECK_THAT(message({.url = "tcp://127.0.0.1:1?rank=1&world_size=2", .rank = 0}),
+             Catch::Contains("the URL says rank=1 but the options say 0"));
+  CHECK_THAT(message({.url = "tcp://127.0.0.1:1", .rank = 3, .world_size = 2}),
+             Catch::Contains("rank 3 is out of range for world size 2"));
+}
+
+}  // namespace
+}  // namespace weft

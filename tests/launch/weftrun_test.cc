@@ -1,0 +1,287 @@
+// weftrun end to end: real ranks of tests/launch/rank_program under the real launcher.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "tests/support/multiproc.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string tool_path(const char* variable) {
+  const char* path = std::getenv(variable);
+  if (path == nullptr) FAIL(variable << " is not set (meson sets it)");
+  return path;
+}
+
+// weftrun started with stdout and stderr into one pipe. Killed (with its ranks, through their
+// parent-death signal) if a test leaves it running.
+class Weftrun {
+ public:
+  explicit Weftrun(std::vector<std::string> args) {
+    args.insert(args.begin(), tool_path("WEFT_TEST_WEFTRUN"));
+    int fds[2];
+    REQUIRE(pipe2(fds, O_CLOEXEC) == 0);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      execv(argv[0], argv.data());
+      _exit(126);
+    }
+    close(fds[1]);
+    fd_ = fds[0];
+  }
+  ~Weftrun() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+
+  pid_t pid() const { return pid_; }
+  const std::string& output() const { return output_; }
+
+  // Reads until `text` has appeared `count` times, or fails the test at the deadline.
+  void read_until(const std::string& text, int count, std::chrono::seconds deadline) {
+    auto end = Clock::now() + deadline;
+    while (occurrences(text) < count) {
+      INFO(output_);
+      REQUIRE(Clock::now() < end);
+      REQUIRE(read_some(end));
+    }
+  }
+
+  // Reads to end of file and reaps weftrun; returns its exit code (128+N for a signal N).
+  int finish(std::chrono::seconds deadline = std::chrono::seconds(30)) {
+    auto end = Clock::now() + deadline;
+    while (read_some(end)) {
+    }
+    INFO(output_);
+    REQUIRE(Clock::now() < end);
+    int status = 0;
+    REQUIRE(waitpid(pid_, &status, 0) == pid_);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  int occurrences(const std::string& text) const {
+    int n = 0;
+    for (size_t at = output_.find(text); at != std::string::npos; at = output_.find(text, at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+  // False at end of file or past the deadline.
+  bool read_some(Clock::time_point end) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+    char buffer[4096];
+    ssize_t n = read(fd_, buffer, sizeof(buffer));
+    if (n <= 0) return false;
+    output_.append(buffer, static_cast<size_t>(n));
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string output_;
+};
+
+std::vector<std::string> program(std::vector<std::string> args) {
+  args.insert(args.begin(), tool_path("WEFT_TEST_RANK_PROGRAM"));
+  return args;
+}
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST_CASE("weftrun runs 4 ranks that rendezvous through its store and prefixes every line",
+          "[launch][weftrun][multiproc]") {
+  Weftrun run(concat({"--nproc-per-node", "4", "--standalone"}, program({"--lines", "2"})));
+  int code = run.finish();
+  INFO(run.output());
+  CHECK(code == 0);
+  for (int r = 0; r < 4; ++r) {
+    CHECK_THAT(run.output(), Catch::Contains(fmt::format("[{}]: rank {} of 4: line 0\n", r, r)));
+    CHECK_THAT(run.output(), Catch::Contains(fmt::format("[{}]: rank {} of 4: line 1\n", r, r)));
+    CHECK_THAT(run.output(), Catch::Contains(fmt::format("[{}]: rank {}: on stderr\n", r, r)));
+    CHECK_THAT(run.output(), Catch::Contains(fmt::format("[{}]: rank {} ok\n", r, r)));
+  }
+  std::istringstream lines(run.output());
+  int count = 0;
+  for (std::string line; std::getline(lines, line); ++count) {
+    CHECK(std::regex_search(line, std::regex("^\\[[0-3]\\]: ")));
+  }
+  CHECK(count == 4 * 4);
+}
+
+TEST_CASE("weftrun --no-prefix relays the ranks' lines unchanged", "[launch][weftrun][multiproc]") {
+  Weftrun run(concat({"--nproc_per_node=2", "--standalone", "--no-prefix"}, program({})));
+  CHECK(run.finish() == 0);
+  INFO(run.output());
+  CHECK_THAT(run.output(), Catch::Contains("rank 1 of 2: line 0\n"));
+  CHECK_THAT(run.output(), Catch::Contains("rank 0 ok\n"));
+  CHECK_THAT(run.output(), !Catch::Contains("["));
+}
+
+TEST_CASE("a rank that exits 3 makes weftrun stop the others and exit 3 naming it",
+          "[launch][weftrun][multiproc]") {
+  Weftrun run(concat({"--nproc-per-node", "4", "--standalone", "--grace-period", "2"},
+                     program({"--lines", "3", "--exit-rank", "2", "--exit-code", "3", "--hang"})));
+  int code = run.finish();
+  const std::string& out = run.output();
+  INFO(out);
+  CHECK(code == 3);
+  CHECK(std::regex_search(out, std::regex("weftrun: rank 2 \\(pid [0-9]+\\) exited with code 3 "
+                                          "first; stopped the other ranks")));
+  for (int r : {0, 1, 3}) {
+    CHECK(std::regex_search(
+        out, std::regex(fmt::format("weftrun:   rank {} \\(pid [0-9]+\\) was killed by signal 15 "
+                                    "\\(SIGTERM\\) after weftrun stopped it",
+                                    r))));
+    CHECK_THAT(out, !Catch::Contains(fmt::format("rank {} ok", r)));
+  }
+  // stdout and stderr come through separate pipes, so their relative order is not fixed.
+  size_t tail = out.find("weftrun: last lines of rank 2:\n");
+  REQUIRE(tail != std::string::npos);
+  for (const char* line : {"  [2]: rank 2 of 4: line 0\n", "  [2]: rank 2 of 4: line 1\n",
+                           "  [2]: rank 2 of 4: line 2\n", "  [2]: rank 2: on stderr\n"}) {
+    CHECK_THAT(out.substr(tail), Catch::Contains(line));
+  }
+}
+
+TEST_CASE("a rank killed by SIGKILL is named with its signal and weftrun exits 137",
+          "[launch][weftrun][multiproc]") {
+  Weftrun run(
+      concat({"--nproc-per-node", "3", "--standalone"}, program({"--kill-rank", "1", "--hang"})));
+  int code = run.finish();
+  const std::string& out = run.output();
+  INFO(out);
+  CHECK(code == 128 + SIGKILL);
+  CHECK(std::regex_search(out, std::regex("weftrun: rank 1 \\(pid [0-9]+\\) was killed by signal 9 "
+                                          "\\(SIGKILL\\) first")));
+  CHECK_THAT(out, Catch::Contains("  [1]: rank 1 of 3: line 0\n"));
+  CHECK_THAT(out, !Catch::Contains("rank 0 ok"));
+}
+
+TEST_CASE("ranks that ignore SIGTERM are killed with SIGKILL once the grace period ends",
+          "[launch][weftrun][multiproc]") {
+  auto start = Clock::now();
+  Weftrun run(
+      concat({"--nproc-per-node", "3", "--standalone", "--grace-period", "0.5"},
+             program({"--exit-rank", "0", "--exit-code", "5", "--hang", "--ignore-sigterm"})));
+  int code = run.finish();
+  const std::string& out = run.output();
+  INFO(out);
+  CHECK(code == 5);
+  CHECK(Clock::now() - start >= std::chrono::milliseconds(500));
+  CHECK_THAT(out, Catch::Contains("SIGKILL after 0.5 s"));
+  for (int r : {1, 2}) {
+    CHECK(std::regex_search(
+        out, std::regex(fmt::format("weftrun:   rank {} \\(pid [0-9]+\\) was killed by signal 9 "
+                                    "\\(SIGKILL\\) after weftrun stopped it",
+                                    r))));
+  }
+}
+
+TEST_CASE("SIGTERM to weftrun is forwarded to every rank and weftrun exits 143",
+          "[launch][weftrun][multiproc]") {
+  Weftrun run(concat({"--nproc-per-node", "3", "--standalone"}, program({"--hang"})));
+  run.read_until("waiting\n", 3, std::chrono::seconds(30));
+  REQUIRE(kill(run.pid(), SIGTERM) == 0);
+  int code = run.finish();
+  INFO(run.output());
+  CHECK(code == 128 + SIGTERM);
+  CHECK_THAT(run.output(), Catch::Contains("weftrun: received signal 15 (SIGTERM)"));
+  for (int r = 0; r < 3; ++r) {
+    CHECK(std::regex_search(run.output(),
+                            std::regex(fmt::format("weftrun:   rank {} \\(pid [0-9]+\\) was killed "
+                                                   "by signal 15 \\(SIGTERM\\) after weftrun",
+                                                   r))));
+  }
+}
+
+TEST_CASE("weftrun on node 1 sets the multi-node variables and does not host the store",
+          "[launch][weftrun][multiproc]") {
+  // The test holds the port: node 0 could not bind it, so node 1 succeeding proves it did not try.
+  int holder = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(listen(holder, 1) == 0);
+  socklen_t len = sizeof(addr);
+  getsockname(holder, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::string port = std::to_string(ntohs(addr.sin_port));
+
+  Weftrun node1({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-port",
+                 port, "/bin/sh", "-c",
+                 "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
+                 "$MASTER_PORT $TORCHELASTIC_USE_AGENT_STORE"});
+  CHECK(node1.finish() == 0);
+  CHECK_THAT(node1.output(),
+             Catch::Contains(fmt::format("[2]: 2 4 0 2 1 127.0.0.1 {} True", port)));
+  CHECK_THAT(node1.output(),
+             Catch::Contains(fmt::format("[3]: 3 4 1 2 1 127.0.0.1 {} True", port)));
+
+  Weftrun node0({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "/bin/true"});
+  CHECK(node0.finish() == 1);
+  CHECK_THAT(node0.output(),
+             Catch::Contains(fmt::format("weftrun: cannot host the store on 127.0.0.1:{}", port)));
+  close(holder);
+}
+
+TEST_CASE("weftrun refuses bad flags with a message and exit code 2", "[launch][weftrun]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--bogus", "x"}, "unknown option --bogus"},
+           {{"--nproc-per-node", "0", "x"}, "--nproc-per-node 0: expected an integer in 1..4096"},
+           {{"--nnodes", "1:2", "x"}, "elastic ranges are not supported"},
+           {{"--nnodes", "2", "--node-rank", "2", "x"}, "--node-rank 2 is out of range"},
+           {{"--standalone", "--master-port", "5", "x"}, "drop --master-*"},
+           {{"--grace-period", "-1", "x"}, "expected seconds"},
+           {{"--nproc-per-node"}, "--nproc-per-node needs a value"},
+           {{"--standalone"}, "no program given"},
+       }) {
+    Weftrun run(c.args);
+    INFO(fmt::format("{}", fmt::join(c.args, " ")));
+    CHECK(run.finish() == 2);
+    CHECK_THAT(run.output(), Catch::Contains(c.message));
+  }
+  Weftrun help({"--help"});
+  CHECK(help.finish() == 0);
+  CHECK_THAT(help.output(), Catch::Contains("--nproc-per-node N"));
+}
+
+}  // namespace
