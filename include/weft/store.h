@@ -79,9 +79,18 @@ class Store {
   // Sets every key to its value. REQUIRES: keys.size() == values.size().
   virtual void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) = 0;
 
-  // Queues (PyTorch 2.6's queue_push/queue_pop/queue_len): a FIFO of values per key.
-  // queue_pop waits (up to timeout) for an element when block is true; when block is false and
-  // the queue is empty it throws Error(InvalidArgument)... see each implementation's notes.
+  // Queues (c10d's queuePush/queuePop/queueLen, PyTorch 2.6): a FIFO of values per key. Queues
+  // live apart from the key-value pairs: get, set, delete_key and num_keys never see a queue, and
+  // a key may hold a value and a queue at once. One overlap, kept from c10d because a TCPStore's
+  // blocking pop is built on it: check() and wait() count a key as present while its queue is
+  // non-empty.
+  //   queue_push: appends value at the back and wakes the blocked pops of that key.
+  //   queue_pop:  removes and returns the front value. block=true waits up to timeout for a
+  //               value and throws Error(Timeout) naming the key if none comes. block=false
+  //               never waits: an empty queue throws Error(Timeout) at once (c10d throws its
+  //               DistQueueEmptyError; Timeout is weft's code for "nothing there in time, a later
+  //               retry can succeed").
+  //   queue_len:  how many values the queue holds; 0 for a key never pushed.
   virtual void queue_push(const std::string& key, const Bytes& value) = 0;
   virtual Bytes queue_pop(const std::string& key, bool block = true,
                           std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
