@@ -29,7 +29,7 @@ struct TCPStoreOptions {
   std::chrono::milliseconds timeout{0};
   // Shared secret for the server's authentication extension. Unset: WEFT_STORE_TOKEN.
   // Empty: no authentication.
-  std::optional<std::string> token;
+  std::optional<std::string> token = std::nullopt;
 };
 
 class TCPStore : public Store {
