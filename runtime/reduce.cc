@@ -26,7 +26,9 @@
 
 // WEFT_KERNEL compiles a loop twice, for the x86-64 baseline (SSE2) and for AVX2, and the loader
 // picks one (an ifunc), so that one binary runs everywhere and is fast where it can be.
-#if defined(__x86_64__) && defined(__ELF__) && defined(__GNUC__)
+// Not under ThreadSanitizer: it instruments the ifunc resolvers, which the loader runs before
+// the sanitizer's runtime is up, and the process dies at load.
+#if defined(__x86_64__) && defined(__ELF__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
 #include <immintrin.h>
 #define WEFT_KERNEL __attribute__((target_clones("avx2", "default")))
 #define WEFT_HAVE_F16C_PATH 1

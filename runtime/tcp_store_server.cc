@@ -314,6 +314,9 @@ void TcpStoreServer::Impl::on_readable(Connection& c) {
     }
     update_accounting(c);
     if (c.closed()) return;
+    // A short read drained the socket: skip the recv that would only say EAGAIN (one syscall per
+    // query saved). Safe because the epoll registration is level-triggered.
+    if (size < read_buffer_.size()) break;
   }
 }
 
