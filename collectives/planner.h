@@ -1,0 +1,78 @@
+// collectives/planner.h: which algorithm runs a collective, chosen by op, bytes, world size and
+// link, or forced by name (WEFT_ALGO, for benchmarks and tests).
+//
+// The choice is a cost model with two regimes per op: a latency-bound one for small messages,
+// where the number of steps decides (recursive doubling, Bruck: log2 P steps), and a
+// bandwidth-bound one for large messages, where the bytes each rank moves decide (the ring:
+// 2(P-1)/P * S for all_reduce against recursive doubling's log2(P) * S). With a per-message
+// start-up cost a and a per-byte cost b, the two cross where
+//   a * (2(P-1) - log2 P) = b * S * (log2 P - 2(P-1)/P),
+// about S = 9 a/b at P = 8. The thresholds below plug in ASSUMED link figures, to be replaced by
+// measured ones once weft-perf runs on both transports (docs/benchmarks.md):
+//   shared memory: a ~ 1 us, 1/b ~ 4 GB/s  -> crossover ~ 32 KiB
+//   TCP and UCX:   a ~ 25 us, 1/b ~ 1 GB/s -> crossover ~ 256 KiB
+// Every other op has one algorithm today (binomial trees for broadcast and reduce, linear gather
+// and scatter, pairwise all_to_all, dissemination barrier); the planner names it so that callers
+// dispatch through one place and a later alternative slots in here.
+//
+// Thread safety: the functions keep no state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "collectives/transport.h"
+
+namespace weft::collectives {
+
+enum class Op : uint8_t {
+  AllReduce,
+  ReduceScatter,
+  AllGather,        // equal blocks
+  AllGatherUneven,  // per-rank counts
+  Broadcast,
+  Reduce,
+  Gather,
+  Scatter,
+  AllToAll,
+  Barrier,
+};
+
+enum class Algorithm : uint8_t {
+  Auto,               // "auto": let the planner choose
+  Ring,               // "ring": ring.h
+  RecursiveDoubling,  // "recursive_doubling": recursive_doubling.h
+  Bruck,              // "bruck": bruck.h
+  Tree,               // "tree": binomial_tree.h
+  Linear,             // "linear": gather_scatter.h
+  Pairwise,           // "pairwise": pairwise.h
+  Dissemination,      // "dissemination": dissemination.h
+};
+
+// Crossovers (bytes) from the model above; assumptions until measured.
+inline constexpr size_t kSmallMessageBytesSharedMemory = 32 * 1024;
+inline constexpr size_t kSmallMessageBytesNetwork = 256 * 1024;
+
+// "all_reduce", "reduce_scatter", ...; the names above in lower case.
+std::string_view op_name(Op op);
+std::string_view algorithm_name(Algorithm algorithm);
+// The names above; nullopt for anything else. Case-sensitive, as WEFT_ALGO is documented.
+std::optional<Algorithm> parse_algorithm(std::string_view name);
+
+// Whether `algorithm` implements `op` (Auto implements everything).
+bool supports(Op op, Algorithm algorithm);
+
+// The algorithm for `op` on `world_size` ranks whose slowest link is `link`. `bytes` is what the
+// choice scales with: all_reduce, broadcast and reduce: the buffer; all_gather: the whole output
+// (P blocks); others: ignored. Never returns Auto.
+Algorithm choose(Op op, size_t bytes, int world_size, Link link);
+
+// The same with an override, as WEFT_ALGO gives it: "" or "auto" chooses as above; a name that
+// supports `op` is used; a name that does not (WEFT_ALGO=ring for a barrier) is ignored for this
+// op, so one variable can force the algorithm of the collective under benchmark without breaking
+// the others. An unknown name throws Error(InvalidArgument) listing the valid ones.
+Algorithm choose(Op op, size_t bytes, int world_size, Link link, std::string_view forced);
+
+}  // namespace weft::collectives

@@ -1,0 +1,246 @@
+#include "collectives/ring.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "weft/error.h"
+
+#include "runtime/reduce.h"
+
+namespace weft::collectives {
+namespace {
+
+// Tag steps: reduce-scatter uses 0..P-2, all-gather kAllGatherStep + (0..P-2), so a rank that
+// runs ahead into the all-gather never matches a message of the other phase.
+constexpr uint32_t kAllGatherStep = 1u << 16;
+
+int mod(int a, int p) { return ((a % p) + p) % p; }
+
+// One ring phase over `work`, whose chunks are laid out by offsets (P+1 prefix sums, elements).
+// Reduces with recv_reduce when `reduce` is set, copies otherwise.
+class RingPhase {
+ public:
+  RingPhase(detail::Inflight& inflight, std::byte* work, const std::vector<size_t>& offsets,
+            DType dtype, size_t segment_bytes, int rank, int size)
+      : inflight_(inflight),
+        work_(work),
+        offsets_(offsets),
+        dtype_(dtype),
+        element_(dtype_size(dtype)),
+        segment_elements_(std::max<size_t>(1, segment_bytes / dtype_size(dtype))),
+        rank_(rank),
+        size_(size) {}
+
+  // Runs P-1 steps: step s sends chunk first_send - s and receives chunk first_send - s - 1.
+  void run(int first_send, bool reduce, ReduceOp op, uint32_t tag_base, const char* phase) {
+    first_send = mod(first_send, size_);
+    const int steps = size_ - 1;
+    const int right = mod(rank_ + 1, size_);
+    const int left = mod(rank_ - 1, size_);
+    for (size_t segment = 0; segment < segments(first_send); ++segment) {
+      post_send(right, first_send, segment, tag_base);
+    }
+    for (int step = 0; step < steps; ++step) {
+      const int chunk = mod(first_send - step - 1, size_);
+      const size_t n = segments(chunk);
+      std::vector<Request> recvs(n);  // n is small: chunk bytes / segment bytes
+      auto post_recv = [&](size_t segment) {
+        const size_t begin = offsets_[chunk] + segment * segment_elements_;
+        const size_t count = segment_count(chunk, segment);
+        const uint32_t tag = tag_base + static_cast<uint32_t>(step);
+        recvs[segment] =
+            reduce ? inflight_.recv_reduce(left, work_ + begin * element_, count, dtype_, op, tag)
+                   : inflight_.recv(left, work_ + begin * element_, count * element_, tag);
+      };
+      if (n > 0) post_recv(0);
+      for (size_t segment = 0; segment < n; ++segment) {
+        if (segment + 1 < n) post_recv(segment + 1);  // in flight while this one is reduced
+        inflight_.wait(recvs[segment], phase, step, steps);
+        // Chunk `chunk` is the one step+1 sends: forward this segment now.
+        if (step + 1 < steps) post_send(right, chunk, segment, tag_base + step + 1);
+      }
+    }
+    // Later phases overwrite the chunks these sends read; and nothing stays borrowed on return.
+    inflight_.wait_all(phase, steps - 1, steps);
+  }
+
+ private:
+  size_t segments(int chunk) const {
+    const size_t count = offsets_[chunk + 1] - offsets_[chunk];
+    return (count + segment_elements_ - 1) / segment_elements_;
+  }
+  size_t segment_count(int chunk, size_t segment) const {
+    const size_t count = offsets_[chunk + 1] - offsets_[chunk];
+    return std::min(segment_elements_, count - segment * segment_elements_);
+  }
+  void post_send(int right, int chunk, size_t segment, uint32_t tag) {
+    const size_t begin = offsets_[chunk] + segment * segment_elements_;
+    inflight_.send(right, work_ + begin * element_, segment_count(chunk, segment) * element_, tag);
+  }
+
+  detail::Inflight& inflight_;
+  std::byte* const work_;
+  const std::vector<size_t>& offsets_;
+  const DType dtype_;
+  const size_t element_;
+  const size_t segment_elements_;
+  const int rank_;
+  const int size_;
+};
+
+void check_segment(std::string_view where, size_t segment_bytes) {
+  if (segment_bytes == 0) {
+    throw_error(ErrorCode::InvalidArgument, where, "segment_bytes must be positive");
+  }
+}
+
+}  // namespace
+
+void ring_all_reduce(const Context& ctx, const void* input, void* output, size_t count, DType dtype,
+                     ReduceOp op, size_t segment_bytes) {
+  constexpr std::string_view kWhere = "ring all_reduce";
+  const size_t bytes = detail::checked_bytes(kWhere, count, dtype);
+  reduce::check_supported(dtype, op);
+  check_segment(kWhere, segment_bytes);
+  detail::check_buffer(kWhere, input, bytes, "input");
+  detail::check_buffer(kWhere, output, bytes, "output");
+  if (input != output && detail::overlaps(input, bytes, output, bytes)) {
+    throw_error(ErrorCode::InvalidArgument, kWhere, "input and output overlap but differ");
+  }
+  const int size = ctx.transport.size();
+  const int rank = ctx.transport.rank();
+  if (count == 0) return;
+
+  // The output is the working buffer: the caller's input is read once, here.
+  if (reduce::needs_premultiply(op)) {
+    reduce::premultiply(output, input, count, dtype, op.factor);
+  } else {
+    detail::copy_unless_same(output, input, bytes);
+  }
+  // Chunks as even as elements allow: the first count % P chunks get one element more.
+  std::vector<size_t> offsets(size + 1, 0);
+  for (int c = 0; c < size; ++c) {
+    offsets[c + 1] = offsets[c] + count / size + (static_cast<size_t>(c) < count % size ? 1 : 0);
+  }
+  if (size > 1) {
+    detail::Inflight inflight(ctx, kWhere);
+    RingPhase ring(inflight, static_cast<std::byte*>(output), offsets, dtype, segment_bytes, rank,
+                   size);
+    ring.run(rank - 1, /*reduce=*/true, op, 0, "reduce-scatter");
+    ring.run(rank, /*reduce=*/false, op, kAllGatherStep, "all-gather");
+  }
+  reduce::finalize(output, count, dtype, op, size);
+}
+
+namespace {
+
+// Reduce-scatter whose P input blocks lie anywhere: blocks[j] holds counts[j] elements.
+void reduce_scatter_blocks(std::string_view where, const Context& ctx,
+                           std::span<const void* const> blocks, void* output,
+                           std::span<const size_t> counts, DType dtype, ReduceOp op,
+                           size_t segment_bytes) {
+  const int size = ctx.transport.size();
+  const int rank = ctx.transport.rank();
+  const std::vector<size_t> offsets = detail::offsets_of(where, counts, size);
+  const size_t total = detail::checked_bytes(where, offsets.back(), dtype);
+  const size_t element = dtype_size(dtype);
+  reduce::check_supported(dtype, op);
+  check_segment(where, segment_bytes);
+  if (blocks.size() != static_cast<size_t>(size)) {
+    throw_error(ErrorCode::InvalidArgument, where,
+                fmt::format("{} input blocks given for a group of {}", blocks.size(), size));
+  }
+  for (int j = 0; j < size; ++j) {
+    detail::check_buffer(where, blocks[j], counts[j] * element, "an input block");
+  }
+  detail::check_buffer(where, output, counts[rank] * element, "output");
+  if (total == 0) return;
+
+  // The reduction runs in a copy, so the inputs stay untouched and output may alias them.
+  // TODO: take this scratch from the group's buffer pool once backends have one (DESIGN.md,
+  // Memory); a fresh allocation per call pays the first-touch cost on every large call.
+  std::vector<std::byte> work(total);
+  for (int j = 0; j < size; ++j) {
+    std::byte* block = work.data() + offsets[j] * element;
+    if (reduce::needs_premultiply(op)) {
+      reduce::premultiply(block, blocks[j], counts[j], dtype, op.factor);
+    } else if (counts[j] > 0) {
+      std::memcpy(block, blocks[j], counts[j] * element);
+    }
+  }
+  if (size > 1) {
+    detail::Inflight inflight(ctx, where);
+    RingPhase ring(inflight, work.data(), offsets, dtype, segment_bytes, rank, size);
+    ring.run(rank - 1, /*reduce=*/true, op, 0, "");
+  }
+  std::byte* mine = work.data() + offsets[rank] * element;
+  reduce::finalize(mine, counts[rank], dtype, op, size);
+  if (counts[rank] > 0) std::memcpy(output, mine, counts[rank] * element);
+}
+
+}  // namespace
+
+void ring_reduce_scatter(const Context& ctx, const void* input, void* output,
+                         std::span<const size_t> counts, DType dtype, ReduceOp op,
+                         size_t segment_bytes) {
+  constexpr std::string_view kWhere = "ring reduce_scatter";
+  const int size = ctx.transport.size();
+  const std::vector<size_t> offsets = detail::offsets_of(kWhere, counts, size);
+  detail::check_buffer(kWhere, input, detail::checked_bytes(kWhere, offsets.back(), dtype),
+                       "input");
+  std::vector<const void*> blocks(size);
+  for (int j = 0; j < size; ++j) {
+    blocks[j] = static_cast<const std::byte*>(input) + offsets[j] * dtype_size(dtype);
+  }
+  reduce_scatter_blocks(kWhere, ctx, blocks, output, counts, dtype, op, segment_bytes);
+}
+
+void ring_reduce_scatter(const Context& ctx, const void* input, void* output, size_t count,
+                         DType dtype, ReduceOp op, size_t segment_bytes) {
+  const std::vector<size_t> counts(std::max(ctx.transport.size(), 0), count);
+  ring_reduce_scatter(ctx, input, output, counts, dtype, op, segment_bytes);
+}
+
+void ring_reduce_scatter(const Context& ctx, std::span<const void* const> inputs, void* output,
+                         size_t count, DType dtype, ReduceOp op, size_t segment_bytes) {
+  const std::vector<size_t> counts(std::max(ctx.transport.size(), 0), count);
+  reduce_scatter_blocks("ring reduce_scatter", ctx, inputs, output, counts, dtype, op,
+                        segment_bytes);
+}
+
+void ring_all_gather(const Context& ctx, const void* input, void* output,
+                     std::span<const size_t> counts, DType dtype, size_t segment_bytes) {
+  constexpr std::string_view kWhere = "ring all_gather";
+  const int size = ctx.transport.size();
+  const int rank = ctx.transport.rank();
+  const std::vector<size_t> offsets = detail::offsets_of(kWhere, counts, size);
+  const size_t total = detail::checked_bytes(kWhere, offsets.back(), dtype);
+  const size_t element = dtype_size(dtype);
+  const size_t mine = counts[rank] * element;
+  check_segment(kWhere, segment_bytes);
+  detail::check_buffer(kWhere, input, mine, "input");
+  detail::check_buffer(kWhere, output, total, "output");
+  auto* out = static_cast<std::byte*>(output);
+  std::byte* my_block = out + offsets[rank] * element;
+  if (input != my_block && detail::overlaps(input, mine, output, total)) {
+    throw_error(ErrorCode::InvalidArgument, kWhere,
+                "input overlaps output without being this rank's block of it");
+  }
+  if (total == 0) return;
+  detail::copy_unless_same(my_block, input, mine);
+  if (size == 1) return;
+  detail::Inflight inflight(ctx, kWhere);
+  RingPhase ring(inflight, out, offsets, dtype, segment_bytes, rank, size);
+  ring.run(rank, /*reduce=*/false, ReduceOp::Sum, kAllGatherStep, "");
+}
+
+void ring_all_gather(const Context& ctx, const void* input, void* output, size_t count, DType dtype,
+                     size_t segment_bytes) {
+  const std::vector<size_t> counts(std::max(ctx.transport.size(), 0), count);
+  ring_all_gather(ctx, input, output, counts, dtype, segment_bytes);
+}
+
+}  // namespace weft::collectives
