@@ -1,0 +1,91 @@
+// backends/tcp/tcp_mesh.h: connects the ranks of a process group pairwise over TCP, through a
+// Store.
+//
+// Setup, for N ranks, costs each rank one store write and one batched read, whatever N:
+//   1. listen on an ephemeral port of the chosen interface;
+//   2. set "<prefix>/<rank>" to a record: "host:port", a host fingerprint (hostname + boot id,
+//      so the shared-memory transport can tell which peers share this machine) and, from rank 0
+//      only, a random group nonce;
+//   3. multi_get the N records (one request; the store waits until all exist);
+//   4. connect to every lower rank and send a handshake, then accept one connection from every
+//      higher rank and answer its handshake, then read the answers from the lower ranks. No rank
+//      waits on a peer before it has written everything it owes, so setup cannot deadlock.
+// The handshake is {magic, version, group id, from rank, to rank, size}; the group id mixes the
+// key prefix with rank 0's nonce, so a connection from another group, from an earlier run that
+// reused the prefix, or from a port scanner is refused (closed, logged) and accepting goes on.
+//
+// Everything runs under one deadline (options.timeout, default WEFT_TIMEOUT): past it,
+// Error(Timeout) names the ranks whose record or connection is missing.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weft/store.h"
+
+#include "runtime/socket.h"
+
+namespace weft::tcp {
+
+struct TcpMeshOptions {
+  // Names the group in the store: rank r's record is "<key_prefix>/<r>". Two groups sharing a
+  // store must use different prefixes (the process group uses its name and incarnation).
+  std::string key_prefix = "weft/tcp";
+  // The address to listen on and publish. Empty: the local address whose route reaches
+  // `route_to` (the store's host, so that peers reach us the way we reach the store), or
+  // 127.0.0.1 when route_to is empty or a loopback address.
+  std::string host;
+  std::string route_to;
+  // Bounds the whole setup. 0: config().timeout (WEFT_TIMEOUT, default 300 s).
+  std::chrono::milliseconds timeout{0};
+  // For error messages only: "rank 2/4 group "dp" tcp mesh: ...".
+  std::string group_name = "world";
+};
+
+// What a rank published about itself.
+struct PeerRecord {
+  std::string host;
+  uint16_t port = 0;
+  std::string fingerprint;  // "hostname/boot-id"; equal fingerprints mean one machine
+};
+
+// A TcpMesh holds one connected, handshaken, blocking socket per peer, ready to be handed to a
+// transport (TcpTransport sets them non-blocking).
+//
+// Thread safety: none; build it on one thread, then move the sockets out. Ownership: owns its
+// sockets until take_sockets().
+class TcpMesh {
+ public:
+  // Runs the setup above. Collective: every rank of the group must call it with the same
+  // size and key_prefix. Throws Error(Timeout) naming missing ranks, Error(Io) when it cannot
+  // listen, Error(InvalidArgument) for a bad rank/size or a malformed record in the store.
+  static TcpMesh connect(Store& store, int rank, int size, const TcpMeshOptions& options = {});
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  uint64_t group_id() const { return group_id_; }
+
+  // Every rank's record, indexed by rank (this rank's included).
+  const std::vector<PeerRecord>& records() const { return records_; }
+  // True when `peer` runs on this machine (same hostname and boot id).
+  bool same_host(int peer) const;
+
+  // The sockets, indexed by rank; the entry for this rank is invalid. Leaves the mesh empty.
+  std::vector<net::Socket> take_sockets();
+
+  // This machine's fingerprint, as published: "hostname/boot-id".
+  static std::string host_fingerprint();
+
+ private:
+  TcpMesh(int rank, int size) : rank_(rank), size_(size) {}
+
+  int rank_;
+  int size_;
+  uint64_t group_id_ = 0;
+  std::vector<PeerRecord> records_;
+  std::vector<net::Socket> sockets_;
+};
+
+}  // namespace weft::tcp

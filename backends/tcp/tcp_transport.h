@@ -1,0 +1,160 @@
+// backends/tcp/tcp_transport.h: collectives::Transport over one TCP connection per peer.
+//
+// Wire: each message is a 16-byte header {tag u64, bytes u64} (host byte order: both ends are
+// weft on one architecture) followed by `bytes` bytes of payload. Messages on one connection
+// arrive in the order they were posted, which gives Transport's matching rule (same peer and
+// tag: posting order) for free.
+//
+// Sends are written with one sendmsg() gathering the headers and payloads of queued sends (no
+// copy of the payload). Receives read the header, then the payload straight into the posted
+// buffer when its receive is already posted (zero copy). Otherwise the message is "unexpected":
+// it is read into a buffer of its own, and the receive, once posted, takes it from there (a copy)
+// and reads any remainder straight into its own buffer. Unexpected bytes are bounded per peer
+// (Options::unexpected_limit): when a message would go past it, reading from that peer pauses
+// (TCP pushes back on the sender) until a receive for that message is posted or buffered
+// messages are taken; the paused message is then read with zero copy.
+//
+// recv_reduce() reads its payload in pieces into one staging buffer, allocated and touched when
+// the transport is built (never per call: first touch costs ~13 us per 4 KiB page here), and
+// reduces each piece into the destination with reduce::accumulate as it lands.
+//
+// Progress happens only on the thread in wait() or test(), which moves bytes on every peer's
+// socket, both directions, without blocking; when nothing can move, wait() sleeps in epoll_wait
+// (edge-triggered) until a socket is ready, the deadline passes, or abort() writes the eventfd.
+// So two ranks sending each other large messages at once never deadlock.
+//
+// Failures (see collectives/transport.h): end of stream or a reset fails every pending and later
+// request with that peer with Error(PeerLost) naming it (messages it sent completely before
+// closing can still be received); a deadline passing throws Error(Timeout) naming peer, tag and
+// bytes outstanding. The request is then withdrawn and the connection stays usable: a send
+// already partly written is finished from a copy, a receive already partly read has the rest of
+// its message discarded. A size mismatch fails the receive with Error(Protocol) and discards the
+// message (the sender learns of it from the collective's next failure, not from its send).
+// abort() shuts every connection down, so the peers see PeerLost at once rather than time out.
+//
+// Limitation of the pause: while reading from a peer is paused, a peer that dies is noticed
+// only at the deadline (Timeout, not PeerLost): its kernel holds the end of the stream behind
+// the bytes we decline to read. Likewise a program that waits for a message queued behind one
+// it has not posted a receive for, with more than the limit already buffered, waits until its
+// deadline. Collectives post each step's receives before waiting, so they stay far below it.
+//
+// A send completes when its last byte is in the kernel's socket buffer: the caller may reuse
+// the buffer then; it says nothing about the peer having received it.
+//
+// Costs: unexpected messages are copied once and their buffers come from a pool (BufferPool in
+// tcp_peer.h), so a late receiver does not pay first-touch page faults per message. A message
+// costs the receiver two recv() calls (header, then payload); for floods of tiny messages a
+// read-ahead buffer would halve that, which matters less than it seems here: collectives send
+// few, large messages per step.
+//
+// Thread safety: one thread posts, waits and tests; abort() may be called from any thread.
+// Ownership: owns its sockets, epoll fd, eventfd and staging buffer; buffers are borrowed until
+// their request completes or its wait() throws.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "weft/error.h"
+
+#include "backends/tcp/tcp_peer.h"
+#include "collectives/transport.h"
+#include "runtime/socket.h"
+
+namespace weft::tcp {
+
+class TcpMesh;
+
+class TcpTransport final : public collectives::Transport {
+ public:
+  struct Options {
+    // For messages: "rank 1/4 group "world" tcp recv: ...".
+    std::string group_name = "world";
+    // Size of the recv_reduce staging buffer. 1 MiB holds more than one socket read on loopback
+    // (~256 KiB) while staying in L2-sized cache-friendly pieces.
+    size_t staging_bytes = size_t{1} << 20;
+    // Most bytes of unexpected messages buffered per peer before reading from it pauses. Each
+    // message counts its buffer (its size rounded up to a power of two, at least 64 bytes) plus
+    // 64 bytes of bookkeeping, so the limit bounds memory for floods of small messages too.
+    size_t unexpected_limit = size_t{64} << 20;
+  };
+
+  // Takes the connected sockets (indexed by rank; this rank's entry and the entries of peers
+  // served by another transport are invalid). Sets them non-blocking with TCP_NODELAY.
+  TcpTransport(int rank, int size, std::vector<net::Socket> sockets, Options options);
+  TcpTransport(TcpMesh&& mesh, Options options);
+  ~TcpTransport() override;
+  TcpTransport(const TcpTransport&) = delete;
+  TcpTransport& operator=(const TcpTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  collectives::Link link(int peer) const override;
+
+  // Throw Error(InvalidArgument) for a peer out of range, this rank, or a peer without a
+  // connection here. Never block.
+  collectives::Request send(int peer, const void* data, size_t bytes,
+                            collectives::Tag tag) override;
+  collectives::Request recv(int peer, void* data, size_t bytes, collectives::Tag tag) override;
+  collectives::Request recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op,
+                                   collectives::Tag tag) override;
+
+  void wait(collectives::Request request, collectives::Clock::time_point deadline) override;
+  bool test(collectives::Request request) override;
+  void abort(const std::string& reason) override;
+
+ private:
+  using Op = detail::Op;
+  using Peer = detail::Peer;
+
+  // Checks the peer and registers a request; fails it at once after abort().
+  Op& post(int peer, detail::OpKind kind, collectives::Tag tag, size_t bytes);
+  // Matches a freshly posted receive against what already arrived from its peer.
+  void match_posted_recv(Peer& peer, Op& op);
+  // Moves bytes on one peer's socket until it would block; returns true if anything moved.
+  bool pump_writes(Peer& peer);
+  bool pump_reads(Peer& peer);
+  // Handles a complete incoming header: picks where its payload goes.
+  void on_header(Peer& peer);
+  // Moves n payload bytes at src into a receive (copy, or reduce whole elements and carry the
+  // rest). REQUIRES: n <= bytes still owed to op; op.carry_len == 0 for a reduce.
+  void deliver(Op& op, const uint8_t* src, size_t n);
+  // Reads the current message's payload once; returns bytes read, 0 on EAGAIN or loss.
+  size_t read_payload(Peer& peer);
+  // Called when the current message's payload is all read.
+  void finish_message(Peer& peer);
+  // One pass over every peer, both directions; true when any bytes moved.
+  bool progress();
+  void wait_for_events(collectives::Clock::time_point deadline);
+  void complete(Op& op);
+  void fail(Op& op, Error error);
+  void lose_peer(Peer& peer, const std::string& why);
+  // Withdraws a pending op after its wait() timed out, keeping the byte stream consistent.
+  void withdraw(Op& op);
+  void handle_abort();
+  Error error(ErrorCode code, const char* op, const std::string& detail) const;
+
+  const int rank_;
+  const int size_;
+  const Options options_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null for unconnected ranks
+  std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // live requests by id
+  uint64_t next_id_ = 1;
+  std::unique_ptr<uint8_t[]> staging_;
+  detail::BufferPool pool_;  // unexpected messages' buffers
+  net::Socket epoll_;
+  net::Socket wakeup_;  // eventfd that abort() writes
+
+  std::atomic<bool> aborted_{false};
+  bool abort_handled_ = false;  // owner thread only
+  std::mutex abort_mutex_;
+  std::string abort_reason_;  // guarded by abort_mutex_
+};
+
+}  // namespace weft::tcp

@@ -1,0 +1,177 @@
+// TcpMesh: pairwise connection setup through a store, and what it refuses.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <sstream>
+
+#include <catch2/catch.hpp>
+
+#include "weft/error.h"
+
+#include "tests/tcp_backend/tcp_test_support.h"
+
+namespace weft::tcp::test {
+namespace {
+
+// Every rank sends each peer {from, to} and checks what each peer sent it.
+void exchange_ranks_with_every_peer(TcpTransport& t) {
+  int n = t.size();
+  std::vector<std::array<int32_t, 2>> out(n), in(n);
+  std::vector<collectives::Request> requests;
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer == t.rank()) continue;
+    out[peer] = {t.rank(), peer};
+    requests.push_back(t.recv(peer, in[peer].data(), sizeof(in[peer]), make_tag(1, 0)));
+    requests.push_back(t.send(peer, out[peer].data(), sizeof(out[peer]), make_tag(1, 0)));
+  }
+  for (auto r : requests) t.wait(r, within(10s));
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer == t.rank()) continue;
+    RANK_CHECK(in[peer][0] == peer && in[peer][1] == t.rank(),
+               "rank {} got {{{}, {}}} from rank {}", t.rank(), in[peer][0], in[peer][1], peer);
+    RANK_CHECK(t.link(peer) == collectives::Link::Tcp);
+  }
+}
+
+TEST_CASE("tcp mesh connects every pair of 2, 3, 5 and 8 ranks, who then exchange messages",
+          "[tcp][multiproc]") {
+  for (int n : {2, 3, 5, 8}) {
+    INFO("ranks: " << n);
+    TempDir dir;
+    run_ranks_ok(n, [&](int rank) {
+      FileStore store(dir.file("store"), n);
+      TcpMeshOptions options;
+      options.key_prefix = "mesh";
+      options.timeout = 20s;
+      TcpMesh mesh = TcpMesh::connect(store, rank, n, options);
+      RANK_CHECK(mesh.records().size() == static_cast<size_t>(n));
+      for (int peer = 0; peer < n; ++peer) {
+        RANK_CHECK(mesh.same_host(peer), "rank {} not on this host", peer);
+        RANK_CHECK(mesh.records()[peer].host == "127.0.0.1", "host {}", mesh.records()[peer].host);
+      }
+      TcpTransport transport(std::move(mesh), {});
+      exchange_ranks_with_every_peer(transport);
+    });
+  }
+}
+
+TEST_CASE("tcp mesh refuses stray connections and still connects the group", "[tcp][multiproc]") {
+  TempDir dir;
+  // Ranks 0 and 1 form the group; process 2 connects to rank 0's published port first, once
+  // with garbage and once with a well-formed handshake for another group, and only then lets
+  // rank 1 start. Rank 0 must close both and accept rank 1.
+  run_ranks_ok(3, [&](int rank) {
+    FileStore store(dir.file("store"), 3);
+    if (rank == 2) {
+      std::istringstream record(store.get_string("stray/0", 10s));
+      std::string version, host, port;
+      std::getline(record, version);
+      std::getline(record, host);
+      std::getline(record, port);
+      auto deadline = within(10s);
+      net::Socket garbage = net::connect_with_retry(host, std::stoi(port), deadline, "stray");
+      std::array<uint8_t, 32> junk;
+      junk.fill(0xAB);
+      net::write_all(garbage.fd(), junk.data(), junk.size(), deadline, "stray");
+      net::Socket other = net::connect_with_retry(host, std::stoi(port), deadline, "stray");
+      std::array<uint8_t, 32> handshake{};
+      const uint8_t magic[] = {'W', 'F', 'T', 'M', 1, 0};
+      std::memcpy(handshake.data(), magic, sizeof(magic));
+      handshake[8] = 0x42;  // some other group id
+      handshake[16] = 1;    // from rank 1
+      handshake[24] = 2;    // size 2
+      net::write_all(other.fd(), handshake.data(), handshake.size(), deadline, "stray");
+      store.set("stray_sent", "1");
+      for (net::Socket* s : {&garbage, &other}) {
+        uint8_t byte;
+        bool closed = false;
+        try {
+          net::read_exact(s->fd(), &byte, 1, deadline, "stray");
+        } catch (const Error& e) {
+          closed = e.code() == ErrorCode::PeerLost;
+        }
+        RANK_CHECK(closed, "rank 0 did not close a stray connection");
+      }
+      return;
+    }
+    if (rank == 1) store.wait({"stray_sent"}, 10s);
+    TcpMeshOptions options;
+    options.key_prefix = "stray";
+    options.timeout = 20s;
+    TcpTransport transport(TcpMesh::connect(store, rank, 2, options), {});
+    exchange_ranks_with_every_peer(transport);
+  });
+}
+
+TEST_CASE("tcp mesh setup times out naming the ranks that never published an address",
+          "[tcp][multiproc]") {
+  TempDir dir;
+  // A group of 4 of which only ranks 0 and 1 exist.
+  run_ranks_ok(2, [&](int rank) {
+    FileStore store(dir.file("store"), 2);
+    TcpMeshOptions options;
+    options.key_prefix = "partial";
+    options.timeout = 300ms;
+    auto start = Clock::now();
+    try {
+      TcpMesh::connect(store, rank, 4, options);
+      RANK_CHECK(false, "connect returned without ranks 2 and 3");
+    } catch (const Error& e) {
+      RANK_CHECK(e.code() == ErrorCode::Timeout, "{}", e.what());
+      RANK_CHECK(std::string(e.what()).find("ranks 2, 3 ") != std::string::npos, "{}", e.what());
+    }
+    RANK_CHECK(Clock::now() - start < 5s);
+  });
+}
+
+TEST_CASE("tcp mesh setup times out naming the rank that published but never connected",
+          "[tcp][multiproc]") {
+  TempDir dir;
+  // Process 2 publishes a well-formed record for rank 2 (a port that listens: connecting to it
+  // succeeds) but never connects to ranks 0 and 1, nor answers them.
+  run_ranks_ok(3, [&](int rank) {
+    FileStore store(dir.file("store"), 3);
+    if (rank == 2) {
+      uint16_t port = 0;
+      net::Socket listener = net::listen_on("127.0.0.1", 0, &port);
+      store.set("silent/2", fmt::format("weft-tcp-v1\n127.0.0.1\n{}\n{}\n{:016x}\n", port,
+                                        TcpMesh::host_fingerprint(), 0));
+      store.wait({"done/0", "done/1"}, 20s);
+      return;
+    }
+    TcpMeshOptions options;
+    options.key_prefix = "silent";
+    options.timeout = 500ms;
+    try {
+      TcpMesh::connect(store, rank, 3, options);
+      RANK_CHECK(false, "connect returned without rank 2");
+    } catch (const Error& e) {
+      RANK_CHECK(e.code() == ErrorCode::Timeout, "{}", e.what());
+      RANK_CHECK(std::string(e.what()).find("ranks 2 did not") != std::string::npos, "{}",
+                 e.what());
+    }
+    store.set(fmt::format("done/{}", rank), "1");
+  });
+}
+
+TEST_CASE("tcp mesh rejects a rank outside the group", "[tcp]") {
+  TempDir dir;
+  FileStore store(dir.file("store"), 1);
+  CHECK_THROWS_MATCHES(TcpMesh::connect(store, 3, 2), Error,
+                       Catch::Predicate<Error>(
+                           [](const Error& e) { return e.code() == ErrorCode::InvalidArgument; }));
+}
+
+TEST_CASE("tcp mesh of one rank has no connections", "[tcp]") {
+  TempDir dir;
+  FileStore store(dir.file("store"), 1);
+  TcpMesh mesh = TcpMesh::connect(store, 0, 1);
+  auto sockets = mesh.take_sockets();
+  REQUIRE(sockets.size() == 1);
+  CHECK_FALSE(sockets[0].valid());
+}
+
+}  // namespace
+}  // namespace weft::tcp::test
