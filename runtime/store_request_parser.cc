@@ -13,6 +13,8 @@ using store_protocol::QueryType;
 
 // Per-string bookkeeping charged on top of its bytes (sizeof(std::string) on libstdc++).
 constexpr size_t kStringOverhead = sizeof(std::string);
+// What a string field reserves before its bytes arrive (see StringBytes below).
+constexpr uint64_t kInitialReserve = 64 * 1024;
 
 uint64_t load_le(const uint8_t* p, size_t n) {
   uint64_t v = 0;
@@ -193,8 +195,10 @@ StoreRequestParser::Status StoreRequestParser::feed(const uint8_t* data, size_t 
           auto& list = is_key ? request_.keys : request_.values;
           list.emplace_back();
           target_ = &list.back();
-          // reserve() maps without touching: memory becomes resident only as bytes arrive.
-          target_->reserve(length);
+          // Reserve at most kInitialReserve: a client that declares 8 MiB and stalls must not
+          // make the server hold 8 MiB (malloc may touch or reuse resident memory for it);
+          // larger values grow geometrically as their bytes arrive.
+          target_->reserve(std::min(length, kInitialReserve));
           string_left_ = length;
           step_ = Step::StringBytes;
           if (length == 0) status = field_done();
