@@ -1,0 +1,151 @@
+// weft/work.h: weft::Work, the handle every asynchronous operation returns, and wait_all().
+//
+// A collective posted on a process group runs later, on its backend's progress thread; the caller
+// gets a std::shared_ptr<Work> at once and decides when to block on it:
+//
+//   auto work = pg.all_reduce(grad);    // returns immediately
+//   compute_something_else();           // overlaps with the communication
+//   work->wait();                       // throws weft::Error if the all_reduce failed
+//
+// The shape is c10d's Work (is_completed, is_success, exception, wait(timeout)), plus a
+// completion callback, and the completion side (complete, fail) that backends call.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "weft/error.h"
+
+namespace weft {
+
+// A Work is the state of one asynchronous operation: pending until the thread that runs the
+// operation completes it, then succeeded or failed for good.
+//
+//   state      | is_completed | is_success | exception() | wait()
+//   -----------+--------------+------------+-------------+----------------------------------
+//   pending    | false        | false      | nullptr     | blocks; Error(Timeout) past timeout
+//   succeeded  | true         | true       | nullptr     | returns
+//   failed     | true         | false      | the error   | rethrows the error
+//
+// Transitions: pending -> succeeded by complete(), pending -> failed by fail(). Nothing leaves
+// succeeded or failed: completing a Work twice is a bug in the caller (WEFT_CHECK).
+//
+// Thread safety: every method may be called from any thread, concurrently. One mutex guards the
+// state; waiters block on a condition variable (no spinning) and cost no CPU until the Work
+// completes or their timeout passes.
+// Ownership: shared. The caller and the thread that runs the operation each hold a shared_ptr;
+// the Work lives until both let go. A Work owns its callbacks and whatever they capture until
+// they have run.
+// Timeouts: each Work carries the timeout it was created with (for a collective, the group's);
+// wait() without an argument uses it. A wait that times out throws and leaves the Work running:
+// only an abort of its group stops the operation itself.
+class Work {
+ public:
+  // Passed as a timeout to wait() or wait_all(): use each Work's own timeout().
+  static constexpr std::chrono::milliseconds kDefaultTimeout{-1};
+
+  using Callback = std::function<void(const Work&)>;
+
+  // A pending Work for the operation `context` describes (rank, group, op, sequence number: the
+  // words every error message about it starts with). `timeout` is what wait() uses by default;
+  // kDefaultTimeout means WEFT_TIMEOUT (300 s unless set). Throws Error(InvalidArgument) for a
+  // negative timeout other than kDefaultTimeout.
+  explicit Work(ErrorContext context, std::chrono::milliseconds timeout = kDefaultTimeout);
+  ~Work();
+
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // An already succeeded Work, for operations with nothing to do (a collective on zero elements,
+  // a barrier of one rank).
+  static std::shared_ptr<Work> completed(ErrorContext context = {});
+  // An already failed Work carrying `error`, for operations refused before they started (a
+  // collective issued on an aborted group). REQUIRES: error != nullptr.
+  static std::shared_ptr<Work> failed(ErrorContext context, std::exception_ptr error);
+
+  // True once the Work has succeeded or failed. Never blocks beyond the state mutex.
+  bool is_completed() const;
+  // True once the Work has succeeded; false while pending or after a failure.
+  bool is_success() const;
+  // The error the Work failed with; nullptr while pending or after success.
+  std::exception_ptr exception() const;
+
+  // Blocks until the Work completes or `timeout` passes. Functionally equivalent to
+  //
+  //   auto deadline = now() + (timeout == kDefaultTimeout ? this->timeout() : timeout);
+  //   while (!is_completed()) {
+  //     if (now() >= deadline) throw Error(Timeout, context(), "did not complete within ...");
+  //   }
+  //   if (exception()) std::rethrow_exception(exception());
+  //
+  // except that it sleeps on a condition variable instead of looping. A failed Work rethrows its
+  // stored error (the same object, so code and message are exactly what the operation threw).
+  // Past the timeout it throws Error(Timeout) whose message starts with context().describe() and
+  // says the operation did not complete in time; the Work keeps running and may complete later.
+  // A timeout of 0 checks once. A negative timeout other than kDefaultTimeout throws
+  // Error(InvalidArgument). Callbacks may still be running when wait() returns.
+  void wait(std::chrono::milliseconds timeout = kDefaultTimeout) const;
+
+  // Runs `callback(*this)` once, when the Work completes: at once on the calling thread if it
+  // already has, otherwise on the thread that completes it (for a collective, the progress
+  // thread: keep callbacks short, they delay the next collective). Callbacks registered before
+  // completion run in registration order. An exception thrown by a callback is caught and
+  // logged; it never reaches the completing thread and does not stop later callbacks.
+  // REQUIRES: callback is not empty.
+  void on_complete(Callback callback);
+
+  // Where this Work's operation runs: rank, group, op and sequence number.
+  const ErrorContext& context() const { return context_; }
+  // The timeout wait() uses by default (never kDefaultTimeout: resolved at construction).
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Completion side, for the thread that runs the operation (a backend's progress thread).
+  // Each wakes every waiter, then runs the callbacks on the calling thread.
+  //
+  // Marks the Work succeeded. REQUIRES: pending (a second completion is a WEFT_CHECK failure).
+  void complete();
+  // Marks the Work failed with `error`, normally a weft::Error built from context(). REQUIRES:
+  // pending, error != nullptr.
+  void fail(std::exception_ptr error);
+
+ private:
+  enum class State { Pending, Succeeded, Failed };
+
+  // Blocks until completion or `deadline`; on timeout throws Error(Timeout) that reports
+  // `waited` as the time waited. Shared by wait() and wait_all().
+  void wait_until(std::chrono::steady_clock::time_point deadline,
+                  std::chrono::milliseconds waited) const;
+  // Moves to `state` and runs the callbacks. REQUIRES: state != Pending.
+  void finish(State state, std::exception_ptr error);
+  // Calls `callback`, logging (not propagating) what it throws.
+  void run_callback(const Callback& callback) const;
+
+  friend void wait_all(std::span<const std::shared_ptr<Work>> works,
+                       std::chrono::milliseconds timeout);
+
+  const ErrorContext context_;
+  const std::chrono::milliseconds timeout_;
+
+  mutable std::mutex mutex_;
+  // Signalled (notify_all) on the transition out of Pending. Waiters hold mutex_.
+  mutable std::condition_variable completed_cv_;
+  State state_ = State::Pending;     // guarded by mutex_
+  std::exception_ptr error_;         // guarded by mutex_; set iff state_ == Failed
+  std::vector<Callback> callbacks_;  // guarded by mutex_; emptied at completion
+};
+
+// Waits for every Work in `works`, as if calling wait() on each in order, but against one
+// deadline taken at the call: `timeout` from now, or with kDefaultTimeout each Work's own
+// timeout from now. Throws the first error met in list order (a failed Work's error, or
+// Error(Timeout) naming the first Work still pending at the deadline); Works after it are left
+// as they are. Throws Error(InvalidArgument) for a null entry or a bad timeout.
+void wait_all(std::span<const std::shared_ptr<Work>> works,
+              std::chrono::milliseconds timeout = Work::kDefaultTimeout);
+
+}  // namespace weft

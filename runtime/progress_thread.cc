@@ -1,0 +1,207 @@
+#include "runtime/progress_thread.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "runtime/log.h"
+
+namespace weft {
+namespace {
+
+// Linux limits thread names to 15 characters plus the terminator; longer names are refused.
+constexpr size_t kMaxThreadName = 15;
+
+// How often a destructor stuck on a task that ignores the abort hook says so: drain_timeout,
+// kept between these so the log is neither flooded nor silent for minutes.
+constexpr std::chrono::milliseconds kMinWarnInterval{1000};
+constexpr std::chrono::milliseconds kMaxWarnInterval{60'000};
+
+// now + timeout, clamped instead of overflowing (drain_timeout may be milliseconds::max()).
+std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  auto now = std::chrono::steady_clock::now();
+  auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::time_point::max() - now);
+  return timeout >= room ? std::chrono::steady_clock::time_point::max() : now + timeout;
+}
+
+std::string describe_exception(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "a non-standard exception";
+  }
+}
+
+bool is_aborted_error(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return e.code() == ErrorCode::Aborted;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace
+
+ProgressThread::ProgressThread(std::string name, std::chrono::milliseconds drain_timeout,
+                               std::chrono::milliseconds work_timeout)
+    : name_(std::move(name)), drain_timeout_(drain_timeout), work_timeout_(work_timeout) {
+  if (drain_timeout_.count() < 0) {
+    throw_error(ErrorCode::InvalidArgument, fmt::format("progress thread \"{}\"", name_),
+                fmt::format("negative drain timeout {} ms", drain_timeout_.count()));
+  }
+  if (work_timeout_ != Work::kDefaultTimeout && work_timeout_.count() < 0) {
+    throw_error(ErrorCode::InvalidArgument, fmt::format("progress thread \"{}\"", name_),
+                fmt::format("negative work timeout {} ms", work_timeout_.count()));
+  }
+  thread_ = std::thread([this] { loop(); });
+  std::string short_name = name_.substr(0, kMaxThreadName);
+  // Only a debugging aid: a failure leaves the thread unnamed and changes nothing else.
+  pthread_setname_np(thread_.native_handle(), short_name.c_str());
+}
+
+ProgressThread::~ProgressThread() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  bool drained = idle_cv_.wait_until(lock, deadline_after(drain_timeout_),
+                                     [this] { return queue_.empty() && running_ == nullptr; });
+  if (!drained) {
+    size_t left = queue_.size() + (running_ != nullptr ? 1 : 0);
+    lock.unlock();
+    abort(
+        fmt::format("progress thread \"{}\" destroyed with {} task(s) unfinished after waiting "
+                    "{} ms for them",
+                    name_, left, drain_timeout_.count()));
+    lock.lock();
+  }
+  stopping_ = true;
+  task_cv_.notify_one();
+  // The running task, if any, was told to stop by the abort hook; say so if it does not listen.
+  auto warn_every = std::clamp(drain_timeout_, kMinWarnInterval, kMaxWarnInterval);
+  while (!idle_cv_.wait_for(lock, warn_every, [this] { return exited_; })) {
+    WEFT_LOG_WARN("progress thread \"{}\": still waiting for {} to return after abort", name_,
+                  running_ != nullptr ? running_->context().describe() : "its last task");
+  }
+  lock.unlock();
+  thread_.join();
+}
+
+std::shared_ptr<Work> ProgressThread::submit(ErrorContext context, std::function<void()> task) {
+  WEFT_CHECK(task != nullptr, "submit needs a task");
+  auto work = std::make_shared<Work>(std::move(context), work_timeout_);
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_) {
+      queue_.push_back(Task{work, std::move(task)});
+      task_cv_.notify_one();
+      return work;
+    }
+    reason = abort_reason_;
+  }
+  work->fail(std::make_exception_ptr(
+      Error(ErrorCode::Aborted, work->context(),
+            fmt::format("issued after the progress thread was aborted: {}", reason))));
+  return work;
+}
+
+void ProgressThread::set_abort_hook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abort_hook_ = std::move(hook);
+}
+
+void ProgressThread::abort(const std::string& reason) {
+  std::deque<Task> dropped;
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort_reason_ = reason;
+    dropped.swap(queue_);
+    hook = std::move(abort_hook_);
+    if (running_ == nullptr) idle_cv_.notify_all();
+  }
+  // The hook first: the running task may be holding up a peer, and the queued Works only need
+  // marking.
+  if (hook) {
+    try {
+      hook();
+    } catch (const std::exception& e) {
+      WEFT_LOG_ERROR("progress thread \"{}\": abort hook threw (ignored): {}", name_, e.what());
+    } catch (...) {
+      WEFT_LOG_ERROR("progress thread \"{}\": abort hook threw (ignored)", name_);
+    }
+  }
+  for (auto& task : dropped) {
+    task.work->fail(
+        std::make_exception_ptr(Error(ErrorCode::Aborted, task.work->context(),
+                                      fmt::format("aborted before it ran: {}", reason))));
+  }
+}
+
+bool ProgressThread::is_aborted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return aborted_;
+}
+
+size_t ProgressThread::pending() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queue_.size();
+}
+
+void ProgressThread::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    task_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) break;
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = task.work.get();
+    lock.unlock();
+    run_task(task);
+    // Drop what the task captured before the next one starts, so that its buffers are not kept
+    // alive for the length of an unrelated collective.
+    task.run = nullptr;
+    lock.lock();
+    running_ = nullptr;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+  exited_ = true;
+  idle_cv_.notify_all();
+}
+
+void ProgressThread::run_task(Task& task) {
+  std::exception_ptr error;
+  try {
+    task.run();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (error == nullptr) {
+    task.work->complete();
+    return;
+  }
+  bool aborted = false;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborted = aborted_;
+    reason = abort_reason_;
+  }
+  if (aborted && !is_aborted_error(error)) {
+    error = std::make_exception_ptr(
+        Error(ErrorCode::Aborted, task.work->context(),
+              fmt::format("aborted while running: {} (the operation then failed with: {})", reason,
+                          describe_exception(error))));
+  }
+  task.work->fail(std::move(error));
+}
+
+}  // namespace weft

@@ -1,0 +1,119 @@
+// runtime/progress_thread.h: the one thread per backend that runs its collectives in issue order.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "weft/error.h"
+#include "weft/work.h"
+
+namespace weft {
+
+// A ProgressThread runs submitted tasks one at a time, in submission (issue) order, on a thread
+// of its own, and completes each task's Work: a task that returns succeeds it, a task that throws
+// fails it with what it threw. A process group's backend submits each collective here, so the
+// caller's thread goes on computing while the collective runs, and collectives of one group never
+// overlap or reorder (every rank must run them in the same order).
+//
+//   state      | submit()                     | queued tasks          | running task
+//   -----------+------------------------------+-----------------------+--------------------------
+//   running    | queues; Work pending         | run in FIFO order     | runs to its end
+//   aborted    | returns a Work failed with   | failed with Aborted   | abort hook called so it
+//              | Aborted; the task never runs | at once, never run    | unblocks; fails Aborted
+//
+// abort() is one-way: nothing leaves the aborted state. A running task that throws after an
+// abort has its Work failed with Error(Aborted) (its own error quoted in the message), because
+// what the caller must act on is the abort, not whatever the torn-down transport reported; a
+// running task that returns normally despite the abort has succeeded.
+//
+// Destruction drains, then aborts: the destructor waits up to drain_timeout for the queued and
+// running tasks to finish (what a user destroying a group after issuing work expects: it gets
+// done), then aborts whatever is left with "destroyed" as the reason, and joins the thread. The
+// join waits for the running task to return, so tasks must honour the abort hook or their own
+// deadline (every weft blocking call has one); while it waits the destructor logs a warning every
+// drain_timeout (at least 1 s, at most 60 s) naming the task.
+//
+// A task must not wait() for the Work of a task submitted after it: that task cannot start
+// before this one returns, so the wait can only time out.
+//
+// Thread safety: submit(), abort(), set_abort_hook() and the accessors may be called from any
+// thread, concurrently, including from a task or a Work callback on the progress thread itself.
+// One mutex guards the queue and state; the thread sleeps on a condition variable when idle.
+// Ownership: a queued task (and what it captures) is owned here until it has run or been
+// aborted; its Work is shared with the caller. REQUIRES: the destructor does not run on the
+// progress thread (a task or callback must not drop the last reference to the owner).
+class ProgressThread {
+ public:
+  // Starts the thread, named `name` (truncated to 15 characters, the kernel's limit) so that it
+  // shows in top and gdb. `drain_timeout` bounds how long the destructor waits for queued work
+  // before aborting it; `work_timeout` is the default timeout of each submitted Work
+  // (Work::kDefaultTimeout: WEFT_TIMEOUT).
+  ProgressThread(std::string name, std::chrono::milliseconds drain_timeout,
+                 std::chrono::milliseconds work_timeout = Work::kDefaultTimeout);
+  // Drains for up to drain_timeout, aborts what is left, joins. See the class comment.
+  ~ProgressThread();
+
+  ProgressThread(const ProgressThread&) = delete;
+  ProgressThread& operator=(const ProgressThread&) = delete;
+
+  // Queues `task` to run after every task submitted before it and returns its pending Work, whose
+  // context is `context` (errors about the task start with context.describe()). After abort()
+  // the task is dropped and the Work returned has already failed with Error(Aborted).
+  // REQUIRES: task is not empty.
+  std::shared_ptr<Work> submit(ErrorContext context, std::function<void()> task);
+
+  // Installs what abort() calls to unblock a running task, e.g. the transport's abort(). Called
+  // at most once, on the aborting thread, without any lock held; what it throws is logged.
+  // Replaces any previous hook. Install it before submitting work that may block.
+  void set_abort_hook(std::function<void()> hook);
+
+  // Aborts: fails every queued task's Work with Error(Aborted) whose message carries `reason`,
+  // calls the abort hook so a running task unblocks, and makes every later submit() fail. Does
+  // not wait for the running task. Safe from any thread; only the first call has an effect.
+  // Callbacks of the aborted Works run on the calling thread.
+  void abort(const std::string& reason);
+
+  bool is_aborted() const;
+  // Tasks queued and not yet started (the running one excluded).
+  size_t pending() const;
+
+ private:
+  struct Task {
+    std::shared_ptr<Work> work;
+    std::function<void()> run;
+  };
+
+  // The thread's body: pops and runs tasks until stopping_ with an empty queue.
+  void loop();
+  // Runs one task and completes its Work. Called on the progress thread without mutex_ held.
+  void run_task(Task& task);
+
+  const std::string name_;
+  const std::chrono::milliseconds drain_timeout_;
+  const std::chrono::milliseconds work_timeout_;
+
+  mutable std::mutex mutex_;
+  // Wakes the thread: a task was queued, or stopping_ was set.
+  std::condition_variable task_cv_;
+  // Wakes the destructor: the queue emptied with no task running, or the thread exited.
+  std::condition_variable idle_cv_;
+  std::deque<Task> queue_;            // guarded by mutex_
+  const Work* running_ = nullptr;     // guarded by mutex_; the task being run, for messages
+  bool aborted_ = false;              // guarded by mutex_
+  std::string abort_reason_;          // guarded by mutex_; set with aborted_
+  bool stopping_ = false;             // guarded by mutex_; the destructor has given up waiting
+  bool exited_ = false;               // guarded by mutex_; loop() has returned
+  std::function<void()> abort_hook_;  // guarded by mutex_
+
+  // Last: started once every field above is initialised.
+  std::thread thread_;
+};
+
+}  // namespace weft
