@@ -10,6 +10,8 @@ TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 # GCC 12 reports false "may be used uninitialized" inside libstdc++ (std::regex, std::function)
 # once sanitizers change inlining; the release build keeps the warning as an error.
+# ThreadSanitizer cannot model std::atomic_thread_fence (-Wtsan): the shared-memory doorbell's
+# fences order memory between processes, which TSan does not observe anyway.
 SANITIZER_CXXFLAGS = -Wno-maybe-uninitialized
 MESON_TEST  = meson test --num-processes $(JOBS) --print-errorlogs
 
@@ -45,7 +47,7 @@ test-asan: deps $(ASAN_BUILD)/build.ninja
 
 $(TSAN_BUILD)/build.ninja: | deps
 	meson setup $(TSAN_BUILD) --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false \
-	  -Dcpp_args=$(SANITIZER_CXXFLAGS)
+	  -Dcpp_args=$(SANITIZER_CXXFLAGS),-Wno-tsan
 
 test-tsan: deps $(TSAN_BUILD)/build.ninja
 	ninja -C $(TSAN_BUILD) -j $(JOBS)
