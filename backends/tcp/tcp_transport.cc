@@ -470,7 +470,12 @@ bool TcpTransport::test(collectives::Request request) {
                 fmt::format("request {} is not pending", request.id));
   }
   handle_abort();
-  if (!it->second->finished) progress();
+  if (!it->second->finished) {
+    // Readiness is edge-triggered and only epoll reports new edges: collect them first, without
+    // blocking, or a socket that once returned EAGAIN would never be read again by test() alone.
+    wait_for_events(Clock::now());
+    progress();
+  }
   return it->second->finished;
 }
 

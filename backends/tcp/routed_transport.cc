@@ -1,0 +1,155 @@
+#include "backends/tcp/routed_transport.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "weft/config.h"
+#include "weft/error.h"
+
+#include "backends/tcp/tcp_mesh.h"
+
+namespace weft::tcp {
+
+using collectives::Clock;
+using collectives::Request;
+using collectives::Tag;
+
+std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank, int size,
+                                                          Options options) {
+  TcpMeshOptions mesh_options;
+  mesh_options.key_prefix = options.key_prefix;
+  mesh_options.timeout = options.timeout;
+  mesh_options.group_name = options.group_name;
+  TcpMesh mesh = TcpMesh::connect(store, rank, size, mesh_options);
+  const bool shm_on = options.shm.value_or(config().shm);
+  std::vector<bool> use_shm(size, false);
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    use_shm[peer] =
+        options.shm_between ? options.shm_between(rank, peer) : shm_on && mesh.same_host(peer);
+  }
+  const uint64_t group_id = mesh.group_id();
+  std::vector<net::Socket> sockets = mesh.take_sockets();
+  std::vector<net::Socket> control(size);
+  bool any_shm = false, any_tcp = false;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    if (use_shm[peer]) {
+      control[peer] = std::move(sockets[peer]);
+      any_shm = true;
+    } else {
+      any_tcp = true;
+    }
+  }
+  std::unique_ptr<ShmTransport> shm;
+  if (any_shm) {
+    ShmTransport::Options shm_options = options.shm_options;
+    shm_options.group_name = options.group_name;
+    shm_options.key_prefix = options.key_prefix + "/shm";
+    shm_options.group_id = group_id;
+    shm_options.timeout = options.timeout;
+    shm = std::make_unique<ShmTransport>(store, rank, size, std::move(control), shm_options);
+  }
+  std::unique_ptr<TcpTransport> tcp;
+  if (any_tcp) {
+    TcpTransport::Options tcp_options = options.tcp;
+    tcp_options.group_name = options.group_name;
+    tcp = std::make_unique<TcpTransport>(rank, size, std::move(sockets), tcp_options);
+  }
+  return std::make_unique<RoutedTransport>(rank, size, std::move(shm), std::move(tcp));
+}
+
+RoutedTransport::RoutedTransport(int rank, int size, std::unique_ptr<ShmTransport> shm,
+                                 std::unique_ptr<TcpTransport> tcp)
+    : rank_(rank), size_(size), shm_(std::move(shm)), tcp_(std::move(tcp)) {}
+
+RoutedTransport::~RoutedTransport() = default;
+
+collectives::Link RoutedTransport::link(int peer) const {
+  if (peer == rank_) return collectives::Link::Self;
+  if (shm_ && shm_->serves(peer)) return collectives::Link::SharedMemory;
+  if (tcp_) return tcp_->link(peer);  // checks the peer
+  throw_error(ErrorCode::InvalidArgument, "routed transport",
+              fmt::format("rank {} is not a peer of rank {} in a group of {}", peer, rank_, size_));
+}
+
+collectives::Transport& RoutedTransport::route(int peer, const char* what) {
+  if (shm_ && shm_->serves(peer)) return *shm_;
+  if (tcp_) return *tcp_;
+  throw_error(ErrorCode::InvalidArgument, "routed transport",
+              fmt::format("cannot {} rank {}: no transport serves it", what, peer));
+}
+
+Request RoutedTransport::wrap(Side side, Request inner) {
+  pending_[side].push_back(inner.id);
+  return Request{inner.id << 1 | side};
+}
+
+void RoutedTransport::forget(Side side, uint64_t inner) {
+  auto& pending = pending_[side];
+  auto it = std::find(pending.begin(), pending.end(), inner);
+  if (it != pending.end()) pending.erase(it);
+}
+
+Request RoutedTransport::send(int peer, const void* data, size_t bytes, Tag tag) {
+  Transport& t = route(peer, "send to");
+  return wrap(&t == shm_.get() ? kShm : kTcp, t.send(peer, data, bytes, tag));
+}
+
+Request RoutedTransport::recv(int peer, void* data, size_t bytes, Tag tag) {
+  Transport& t = route(peer, "receive from");
+  return wrap(&t == shm_.get() ? kShm : kTcp, t.recv(peer, data, bytes, tag));
+}
+
+Request RoutedTransport::recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op,
+                                     Tag tag) {
+  Transport& t = route(peer, "receive from");
+  return wrap(&t == shm_.get() ? kShm : kTcp, t.recv_reduce(peer, dst, count, dtype, op, tag));
+}
+
+void RoutedTransport::wait(Request request, Clock::time_point deadline) {
+  const Side side = static_cast<Side>(request.id & 1);
+  const Request inner{request.id >> 1};
+  Transport* owner = side == kShm ? static_cast<Transport*>(shm_.get()) : tcp_.get();
+  if (owner == nullptr) {
+    throw_error(ErrorCode::InvalidArgument, "routed transport wait",
+                fmt::format("request {} was not posted here", request.id));
+  }
+  struct Forget {
+    RoutedTransport* self;
+    Side side;
+    uint64_t inner;
+    ~Forget() { self->forget(side, inner); }
+  } forget_on_exit{this, side, inner.id};
+  // Drives the other side while waiting, as long as it has requests of its own.
+  auto other_busy = [&] { return !pending_[side == kShm ? kTcp : kShm].empty(); };
+  while (other_busy()) {
+    if (owner->test(inner)) break;  // for a TCP request this is also the TCP pass
+    if (side == kShm) tcp_->test(Request{pending_[kTcp].front()});
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) break;  // the owner's wait() reports the timeout and withdraws
+    shm_->idle(std::min<Clock::time_point>(deadline, now + kMixedSlice));
+  }
+  owner->wait(inner, deadline);
+}
+
+bool RoutedTransport::test(Request request) {
+  const Side side = static_cast<Side>(request.id & 1);
+  Transport* owner = side == kShm ? static_cast<Transport*>(shm_.get()) : tcp_.get();
+  if (owner == nullptr) {
+    throw_error(ErrorCode::InvalidArgument, "routed transport test",
+                fmt::format("request {} was not posted here", request.id));
+  }
+  Transport* other = side == kShm ? static_cast<Transport*>(tcp_.get()) : shm_.get();
+  const auto& other_pending = pending_[side == kShm ? kTcp : kShm];
+  if (other != nullptr && !other_pending.empty()) other->test(Request{other_pending.front()});
+  return owner->test(Request{request.id >> 1});
+}
+
+void RoutedTransport::abort(const std::string& reason) {
+  if (shm_) shm_->abort(reason);
+  if (tcp_) tcp_->abort(reason);
+}
+
+}  // namespace weft::tcp

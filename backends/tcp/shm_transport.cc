@@ -1,0 +1,485 @@
+#include "backends/tcp/shm_transport.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "weft/config.h"
+
+#include "backends/tcp/shm_peer.h"
+#include "backends/tcp/shm_ring.h"
+#include "runtime/reduce.h"
+
+namespace weft::tcp {
+
+using collectives::Clock;
+using collectives::Tag;
+using detail::InState;
+using detail::OpKind;
+using detail::tag_text;
+using detail::Unexpected;
+using detail::WireHeader;
+
+namespace {
+
+constexpr size_t kHeaderBytes = sizeof(WireHeader);
+constexpr size_t kMinRingBytes = 4096;
+constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;  // as TcpTransport: larger is corrupt
+
+size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }
+size_t page_align(size_t n) { return (n + 4095) / 4096 * 4096; }
+size_t ring_offset(size_t index, size_t capacity) {
+  return page_align(Doorbell::kFootprint) + index * page_align(ShmRing::footprint(capacity));
+}
+size_t unexpected_charge(uint64_t bytes) { return detail::BufferPool::capacity_for(bytes) + 64; }
+
+const char* shm_op_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::Send:
+      return "shm send";
+    case OpKind::Recv:
+      return "shm recv";
+    case OpKind::RecvReduce:
+      return "shm recv_reduce";
+  }
+  return "shm";
+}
+
+}  // namespace
+
+ShmTransport::ShmTransport(Store& store, int rank, int size, std::vector<net::Socket> control,
+                           Options options)
+    : rank_(rank), size_(size), options_(std::move(options)), pool_(options_.unexpected_limit) {
+  if (size < 1 || rank < 0 || rank >= size || control.size() != static_cast<size_t>(size)) {
+    throw error(ErrorCode::InvalidArgument, "shm transport",
+                fmt::format("needs 0 <= rank < size and one control slot per rank ({} given)",
+                            control.size()));
+  }
+  const size_t ring = options_.ring_bytes;
+  if (ring < kMinRingBytes || (ring & (ring - 1)) != 0) {
+    throw error(
+        ErrorCode::InvalidArgument, "shm transport",
+        fmt::format("ring_bytes must be a power of two >= {}, not {}", kMinRingBytes, ring));
+  }
+  setup(store, std::move(control));
+}
+
+ShmTransport::~ShmTransport() = default;
+
+void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
+  using namespace std::chrono;
+  const milliseconds timeout = options_.timeout.count() > 0 ? options_.timeout : config().timeout;
+  const size_t capacity = options_.ring_bytes;
+  std::vector<int> senders;
+  peers_.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || !control[r].valid()) continue;
+    senders.push_back(r);
+    peers_[r] = std::make_unique<Peer>();
+    peers_[r]->rank = r;
+    peers_[r]->control = std::move(control[r]);
+  }
+  const int local =
+      options_.local_ranks > 0 ? options_.local_ranks : static_cast<int>(senders.size()) + 1;
+  spin_budget_ = spin_budget_for(local);
+
+  // 1. This rank's segment: doorbell, then one ring per sender, formatted before publishing.
+  const std::string name =
+      fmt::format("/weft-{:016x}-{}-r{}", options_.group_id, ::getpid(), rank_);
+  segment_ = ShmSegment::create(name, ring_offset(senders.size(), capacity));
+  bell_ = Doorbell::create(segment_->data());
+  std::string record = fmt::format("{} {} ", name, capacity);
+  for (size_t i = 0; i < senders.size(); ++i) {
+    std::byte* at = segment_->data() + ring_offset(i, capacity);
+    peers_[senders[i]]->in = ShmRing::create(at, ShmRing::footprint(capacity), capacity);
+    record += fmt::format("{}{}", i ? "," : "", senders[i]);
+  }
+  if (senders.empty()) return;  // nobody to meet: the segment only holds an unused doorbell
+  auto key = [&](int r) { return fmt::format("{}/{}", options_.key_prefix, r); };
+  store.set(key(rank_), Bytes(record.begin(), record.end()));
+
+  // 2. Open every peer's segment and attach the ring towards it.
+  std::vector<std::string> keys;
+  for (int s : senders) keys.push_back(key(s));
+  std::vector<Bytes> records = store.multi_get(keys, timeout);
+  for (size_t i = 0; i < senders.size(); ++i) {
+    Peer& peer = *peers_[senders[i]];
+    std::istringstream in(std::string(records[i].begin(), records[i].end()));
+    std::string peer_name, list;
+    size_t peer_capacity = 0;
+    in >> peer_name >> peer_capacity >> list;
+    std::vector<int> peer_senders;
+    std::istringstream items(list);
+    for (std::string item; std::getline(items, item, ',');) {
+      int sender = -1;
+      auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), sender);
+      if (ec != std::errc() || end != item.data() + item.size() || sender < 0 || sender >= size_) {
+        throw error(ErrorCode::Protocol, "shm transport",
+                    fmt::format("rank {}'s record \"{}\" in the store is malformed", peer.rank,
+                                std::string(records[i].begin(), records[i].end())));
+      }
+      peer_senders.push_back(sender);
+    }
+    auto me = std::find(peer_senders.begin(), peer_senders.end(), rank_);
+    if (peer_capacity != capacity || me == peer_senders.end()) {
+      throw error(ErrorCode::InvalidArgument, "shm transport",
+                  fmt::format("rank {} publishes rings of {} bytes from ranks [{}]; this rank "
+                              "uses {} and expects to be among them (asymmetric routing?)",
+                              peer.rank, peer_capacity, list, capacity));
+    }
+    peer.segment = ShmSegment::open(peer_name, ring_offset(peer_senders.size(), capacity));
+    peer.bell = Doorbell::attach(peer.segment->data());
+    const size_t index = static_cast<size_t>(me - peer_senders.begin());
+    peer.out = ShmRing::attach(peer.segment->data() + ring_offset(index, capacity),
+                               ShmRing::footprint(capacity));
+  }
+
+  // 3. Acknowledge, then unlink once every peer has mapped this rank's segment.
+  for (int s : senders)
+    store.set(fmt::format("{}/{}/opened/{}", options_.key_prefix, s, rank_), {1});
+  std::vector<std::string> acks;
+  for (int s : senders)
+    acks.push_back(fmt::format("{}/{}/opened/{}", options_.key_prefix, rank_, s));
+  store.wait(acks, timeout);
+  segment_->unlink();
+}
+
+Error ShmTransport::error(ErrorCode code, const char* op, const std::string& detail) const {
+  ErrorContext context;
+  context.rank = rank_;
+  context.size = size_;
+  context.group = options_.group_name;
+  context.op = op;
+  return Error(code, context, detail);
+}
+
+bool ShmTransport::serves(int peer) const {
+  return peer >= 0 && peer < size_ && peers_[peer] != nullptr;
+}
+
+collectives::Link ShmTransport::link(int peer) const {
+  if (peer == rank_) return collectives::Link::Self;
+  if (!serves(peer)) {
+    throw error(ErrorCode::InvalidArgument, "shm link",
+                fmt::format("rank {} is not a shared-memory peer here", peer));
+  }
+  return collectives::Link::SharedMemory;
+}
+
+ShmTransport::Op& ShmTransport::post(int peer, OpKind kind, Tag tag, size_t bytes) {
+  if (peer == rank_ || !serves(peer)) {
+    throw error(ErrorCode::InvalidArgument, shm_op_name(kind),
+                fmt::format("peer {} is not another rank with shared memory here", peer));
+  }
+  if (bytes > kMaxMessageBytes) {
+    throw error(ErrorCode::InvalidArgument, shm_op_name(kind),
+                fmt::format("{} bytes is more than one message may carry", bytes));
+  }
+  handle_abort();
+  auto owned = std::make_unique<Op>();
+  Op& op = *owned;
+  op.id = next_id_++;
+  op.peer = peer;
+  op.kind = kind;
+  op.tag = tag;
+  op.bytes = bytes;
+  ops_.emplace(op.id, std::move(owned));
+  if (abort_handled_) {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    fail(op, error(ErrorCode::Aborted, shm_op_name(kind), abort_reason_));
+  } else if (kind == OpKind::Send && peers_[peer]->lost) {
+    fail(op, error(ErrorCode::PeerLost, shm_op_name(kind),
+                   fmt::format("rank {} {}", peer, peers_[peer]->lost_reason)));
+  }
+  return op;
+}
+
+collectives::Request ShmTransport::send(int peer, const void* data, size_t bytes, Tag tag) {
+  Op& op = post(peer, OpKind::Send, tag, bytes);
+  if (op.finished) return {op.id};
+  op.src = static_cast<const uint8_t*>(data);
+  op.header = WireHeader{tag, bytes};
+  peers_[peer]->sends.push_back(&op);
+  pump_writes(*peers_[peer]);  // small messages leave at once, as an eager send would
+  return {op.id};
+}
+
+collectives::Request ShmTransport::recv(int peer, void* data, size_t bytes, Tag tag) {
+  Op& op = post(peer, OpKind::Recv, tag, bytes);
+  if (op.finished) return {op.id};
+  op.dst = static_cast<uint8_t*>(data);
+  match_posted_recv(*peers_[peer], op);
+  return {op.id};
+}
+
+collectives::Request ShmTransport::recv_reduce(int peer, void* dst, size_t count, DType dtype,
+                                               ReduceOp reduce_op, Tag tag) {
+  reduce::check_supported(dtype, reduce_op);
+  const size_t element = dtype_size(dtype);
+  if (count > kMaxMessageBytes / element) {
+    throw error(ErrorCode::InvalidArgument, "shm recv_reduce",
+                fmt::format("{} elements of {} bytes is too many", count, element));
+  }
+  Op& op = post(peer, OpKind::RecvReduce, tag, count * element);
+  if (op.finished) return {op.id};
+  op.dst = static_cast<uint8_t*>(dst);
+  op.dtype = dtype;
+  op.reduce_op = reduce_op;
+  op.element = element;
+  match_posted_recv(*peers_[peer], op);
+  return {op.id};
+}
+
+void ShmTransport::match_posted_recv(Peer& peer, Op& op) {
+  for (auto it = peer.unexpected.begin(); it != peer.unexpected.end(); ++it) {
+    if (it->tag != op.tag) continue;
+    const bool arriving = peer.in_unexpected == &*it;
+    if (it->size != op.bytes) {
+      fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
+                     fmt::format("rank {} sent {} bytes with {} but the receive is of {}",
+                                 peer.rank, it->size, tag_text(op.tag), op.bytes)));
+    } else {
+      deliver(op, reinterpret_cast<const std::byte*>(it->buffer.data.get()), it->got);
+      if (arriving) {
+        peer.in_op = &op;  // the rest streams straight into the receive
+      } else {
+        complete(op);
+      }
+    }
+    if (arriving) peer.in_unexpected = nullptr;  // on a mismatch: the rest is discarded
+    peer.unexpected_bytes -= it->charge;
+    pool_.release(std::move(it->buffer));
+    peer.unexpected.erase(it);
+    return;
+  }
+  if (peer.in_state == InState::Paused && peer.in_header.tag == op.tag) {
+    peer.recvs.push_front(&op);  // the paused message is the first with this tag: it is op's
+    start_payload(peer);
+    return;
+  }
+  if (peer.lost) {
+    fail(op, error(ErrorCode::PeerLost, shm_op_name(op.kind),
+                   fmt::format("rank {} {}", peer.rank, peer.lost_reason)));
+    return;
+  }
+  peer.recvs.push_back(&op);
+}
+
+bool ShmTransport::start_payload(Peer& peer) {
+  const WireHeader& header = peer.in_header;
+  peer.in_left = header.bytes;
+  peer.in_op = nullptr;
+  peer.in_unexpected = nullptr;
+  auto it = std::find_if(peer.recvs.begin(), peer.recvs.end(),
+                         [&](Op* op) { return op->tag == header.tag; });
+  if (it != peer.recvs.end()) {
+    Op& op = **it;
+    peer.recvs.erase(it);
+    if (op.bytes != header.bytes) {
+      fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
+                     fmt::format("rank {} sent {} bytes with {} but the receive is of {}",
+                                 peer.rank, header.bytes, tag_text(header.tag), op.bytes)));
+    } else {
+      peer.in_op = &op;
+    }
+  } else {
+    const size_t charge = unexpected_charge(header.bytes);
+    if (peer.unexpected_bytes + charge > options_.unexpected_limit && !peer.lost &&
+        !peer.unexpected.empty()) {
+      peer.in_state = InState::Paused;
+      return false;
+    }
+    Unexpected& message = peer.unexpected.emplace_back();
+    message.tag = header.tag;
+    message.size = header.bytes;
+    message.charge = charge;
+    message.buffer = pool_.acquire(header.bytes);
+    peer.unexpected_bytes += charge;
+    peer.in_unexpected = &message;
+  }
+  peer.in_state = InState::Payload;
+  if (peer.in_left == 0) finish_message(peer);
+  return true;
+}
+
+void ShmTransport::deliver(Op& op, const std::byte* src, size_t n) {
+  if (n == 0) return;
+  if (op.kind == OpKind::Recv) {
+    std::memcpy(op.dst + op.done, src, n);
+  } else {
+    reduce::accumulate(op.dst + op.done, src, n / op.element, op.dtype, op.reduce_op);
+  }
+  op.done += n;
+}
+
+void ShmTransport::finish_message(Peer& peer) {
+  if (peer.in_op != nullptr) complete(*peer.in_op);
+  peer.in_op = nullptr;
+  peer.in_unexpected = nullptr;  // stays in peer.unexpected, complete (got == size)
+  peer.in_state = InState::Header;
+}
+
+bool ShmTransport::pump_writes(Peer& peer) {
+  bool moved = false;
+  while (!peer.sends.empty() && !peer.lost) {
+    Op& op = *peer.sends.front();
+    if (op.header_done == 0) {
+      if (peer.out->writable_bytes() < kHeaderBytes) break;
+      peer.out->write_some(&op.header, kHeaderBytes);
+      op.header_done = kHeaderBytes;
+      moved = true;
+    }
+    while (op.done < op.bytes) {
+      std::span<std::byte> span = peer.out->writable();
+      if (span.empty()) break;
+      const size_t n = std::min(span.size(), op.bytes - op.done);
+      std::memcpy(span.data(), op.src + op.done, n);
+      peer.out->commit(round8(n));  // spans are multiples of 8 long: the padding fits
+      op.done += n;
+      moved = true;
+    }
+    if (op.done < op.bytes) break;
+    peer.sends.pop_front();
+    if (op.id == 0) {  // an orphan: withdrawn after a timeout, now fully written
+      std::erase_if(peer.orphans, [&](const std::unique_ptr<Op>& o) { return o.get() == &op; });
+    } else {
+      complete(op);
+    }
+  }
+  if (moved) peer.bell->ring();
+  return moved;
+}
+
+bool ShmTransport::pump_reads(Peer& peer) {
+  bool moved = false;
+  while (!peer.corrupt) {
+    if (peer.in_state == InState::Header) {
+      if (peer.in->readable_bytes() < kHeaderBytes) break;
+      peer.in->read_some(&peer.in_header, kHeaderBytes);
+      moved = true;
+      if (peer.in_header.bytes > kMaxMessageBytes) {
+        peer.corrupt = true;  // what follows in the ring is not a stream any more
+        lose_peer(peer, fmt::format("sent a corrupt header ({} bytes)", peer.in_header.bytes));
+        break;
+      }
+      if (!start_payload(peer)) break;
+      continue;
+    }
+    if (peer.in_state == InState::Paused) {
+      if (!start_payload(peer)) break;  // still over the limit
+      continue;
+    }
+    std::span<const std::byte> span = peer.in->readable();
+    if (span.empty()) break;
+    const size_t n = std::min(span.size(), peer.in_left);
+    if (peer.in_op != nullptr) {
+      deliver(*peer.in_op, span.data(), n);
+    } else if (peer.in_unexpected != nullptr) {
+      Unexpected& message = *peer.in_unexpected;
+      std::memcpy(message.buffer.data.get() + message.got, span.data(), n);
+      message.got += n;
+    }
+    peer.in->consume(round8(n));
+    peer.in_left -= n;
+    moved = true;
+    if (peer.in_left == 0) finish_message(peer);
+  }
+  if (moved) peer.bell->ring();
+  return moved;
+}
+
+bool ShmTransport::progress() {
+  bool moved = false;
+  for (auto& peer : peers_) {
+    if (!peer) continue;
+    moved |= pump_reads(*peer);
+    moved |= pump_writes(*peer);
+  }
+  return moved;
+}
+
+bool ShmTransport::has_news() {
+  if (aborted_.load(std::memory_order_relaxed)) return true;
+  for (auto& peer : peers_) {
+    if (!peer || peer->lost) continue;
+    if (!peer->sends.empty()) {
+      const size_t need = peer->sends.front()->header_done == 0 ? kHeaderBytes : 1;
+      if (peer->out->writable_bytes() >= need) return true;
+    }
+    if (peer->in_state != InState::Paused) {
+      const size_t need = peer->in_state == InState::Header ? kHeaderBytes : 1;
+      if (peer->in->readable_bytes() >= need) return true;
+    }
+  }
+  return false;
+}
+
+void ShmTransport::wait(collectives::Request request, Clock::time_point deadline) {
+  auto it = ops_.find(request.id);
+  if (it == ops_.end()) {
+    throw error(
+        ErrorCode::InvalidArgument, "shm wait",
+        fmt::format("request {} is not pending (never posted, or already waited for)", request.id));
+  }
+  Op& op = *it->second;
+  for (;;) {
+    handle_abort();
+    if (!op.finished) progress();
+    if (!op.finished) check_peers(false);
+    if (op.finished) {
+      std::unique_ptr<Op> done = std::move(it->second);
+      ops_.erase(it);
+      if (done->error) throw *done->error;
+      return;
+    }
+    if (Clock::now() >= deadline) {
+      std::string detail =
+          op.kind == OpKind::Send
+              ? fmt::format("send to rank {} ({}) still has {} of {} bytes to write", op.peer,
+                            tag_text(op.tag), op.bytes - op.done, op.bytes)
+              : fmt::format("nothing complete from rank {} ({}): {} of {} bytes outstanding",
+                            op.peer, tag_text(op.tag), op.bytes - op.done, op.bytes);
+      Error timeout = error(ErrorCode::Timeout, shm_op_name(op.kind), detail);
+      withdraw(op);
+      ops_.erase(it);
+      throw timeout;
+    }
+    bell_->wait([&] { return op.finished || has_news(); }, deadline, spin_budget_,
+                [&] { check_peers(true); });
+  }
+}
+
+bool ShmTransport::test(collectives::Request request) {
+  auto it = ops_.find(request.id);
+  if (it == ops_.end()) {
+    throw error(ErrorCode::InvalidArgument, "shm test",
+                fmt::format("request {} is not pending", request.id));
+  }
+  handle_abort();
+  if (!it->second->finished) progress();
+  if (!it->second->finished) check_peers(false);
+  return it->second->finished;
+}
+
+void ShmTransport::idle(Clock::time_point until) {
+  handle_abort();
+  if (progress()) return;
+  check_peers(false);
+  const uint64_t losses = losses_;
+  bell_->wait([&] { return losses_ != losses || has_news(); }, until, spin_budget_,
+              [&] { check_peers(true); });
+}
+
+void ShmTransport::complete(Op& op) { op.finished = true; }
+
+void ShmTransport::fail(Op& op, Error error) {
+  op.finished = true;
+  op.error = std::move(error);
+}
+
+}  // namespace weft::tcp

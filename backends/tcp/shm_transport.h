@@ -1,0 +1,179 @@
+// backends/tcp/shm_transport.h: collectives::Transport over shared-memory rings between the
+// ranks of a group that run on one host.
+//
+// Layout. Every rank creates one segment (shm_segment.h) that holds its Doorbell and one ShmRing
+// per peer that sends to it: rank r's segment is [doorbell][ring from s0][ring from s1]..., the
+// senders s0 < s1 < ... being r's shared-memory peers. So each ordered pair (sender -> receiver)
+// has its own single-producer single-consumer ring, and the ring lives with its reader: a
+// sender that dies leaves what it wrote readable. Setup (collective over the shared-memory
+// peers, one store round trip):
+//   1. create and format the segment, set "<key_prefix>/<rank>" to "name capacity s0,s1,...";
+//   2. multi_get the peers' records, open their segments, attach the ring towards each peer
+//      (found by this rank's position in that peer's sender list) and the peer's doorbell;
+//   3. set "<key_prefix>/<peer>/opened/<rank>" for each peer; wait for every peer's key for this
+//      rank, then unlink the segment's name, so nothing is left in /dev/shm if the job dies.
+// Segment names are "/weft-<group id>-<creator pid>-r<rank>": unique on the host.
+//
+// Wire. A message is a 16-byte header {tag u64, bytes u64} then the payload, padded to a
+// multiple of 8 bytes. Both sides commit and consume multiples of 8 only, and the ring capacity
+// is a multiple of 64, so every readable()/writable() span is a multiple of 8 bytes long and
+// 8-byte aligned, and every payload starts 8-byte aligned: recv_reduce() reduces straight from
+// readable() into the destination, and no element (at most 8 bytes) is ever split across the
+// ring's wrap point. A message larger than the ring streams through it in pieces.
+//
+// Matching follows transport.h: per peer, an arriving header is matched against the posted
+// receives from that peer in posting order; without one, the message is unexpected and copied
+// into a buffer from a pool (never allocated per message once warm), bounded per peer by
+// Options::unexpected_limit: past it, reading from that peer pauses (the ring fills and the
+// sender waits) until a receive for the message is posted. A single message larger than the
+// limit is still buffered when nothing else is, so that no message size can stall a peer.
+//
+// Progress and blocking. Bytes move only on the thread in wait()/test() (or idle()): one pass
+// writes every peer's pending sends into its ring and reads every incoming ring. A sender rings
+// the receiver's doorbell after each commit, a receiver the sender's after each consume (so a
+// writer blocked on a full ring wakes). When a pass moves nothing, wait() sleeps on this rank's
+// doorbell: it spins for spin_budget_for(local ranks) first, which is 0 when the ranks on the
+// host outnumber its cores, so oversubscribed ranks block in the kernel instead of spinning.
+//
+// Liveness. A dead process does not close a mapping, so each pair keeps its TCP connection from
+// the mesh as a control socket, never read or written: at least once per doorbell slice (50 ms)
+// of sleeping, and once per slice of busy waiting, the sockets are polled for POLLRDHUP/POLLHUP
+// without reading. A peer whose socket hung up (it died, closed its transport, or aborted) is
+// lost: what it committed before is still received, then every pending and later request
+// involving it fails with Error(PeerLost) naming it. abort() shuts the control sockets down, so
+// the peers learn of it within a slice.
+//
+// Deadlines: wait() past its deadline throws Error(Timeout) naming the peer, the tag and the
+// bytes outstanding, and withdraws the request, keeping the stream consistent (a send already
+// started is finished from a copy; the rest of a receive already started is discarded).
+//
+// Thread safety: one thread posts, waits, tests and idles; abort() may be called from any
+// thread. Ownership: owns its segments (mappings), control sockets and pooled buffers; buffers
+// passed to send/recv are borrowed until their request completes or its wait() throws.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "weft/error.h"
+#include "weft/store.h"
+
+#include "backends/tcp/doorbell.h"
+#include "backends/tcp/shm_segment.h"
+#include "backends/tcp/tcp_peer.h"
+#include "collectives/transport.h"
+#include "runtime/socket.h"
+
+namespace weft::tcp {
+
+namespace detail {
+struct ShmPeer;
+}
+
+class ShmTransport final : public collectives::Transport {
+ public:
+  struct Options {
+    // For messages: "rank 1/4 group "world" shm recv: ...".
+    std::string group_name = "world";
+    // Store keys of the setup: "<key_prefix>/<rank>", ... Unique per group in its store.
+    std::string key_prefix = "weft/shm";
+    // Goes into segment names; the mesh's group id (TcpMesh::group_id()) tells groups apart.
+    uint64_t group_id = 0;
+    // Bytes per ring (a power of two >= 4 KiB). 2 MiB holds several 256 KiB collective
+    // segments in flight, while a group of 8 local ranks maps 8 * 7 * 2 MiB = 112 MiB in all.
+    size_t ring_bytes = size_t{2} << 20;
+    // Most bytes of unexpected messages buffered per peer before reading from it pauses.
+    size_t unexpected_limit = size_t{64} << 20;
+    // Bounds the setup. 0: config().timeout (WEFT_TIMEOUT).
+    std::chrono::milliseconds timeout{0};
+    // Processes sharing this host's cores, for the spin budget. 0: this rank and its peers here.
+    int local_ranks = 0;
+  };
+
+  // Connects to the peers whose entry in `control` is a valid socket (indexed by rank; this
+  // rank's entry is ignored): those must be on this host, and the relation must be symmetric
+  // (if a serves b by shared memory, b serves a). Collective over those peers. Throws
+  // Error(InvalidArgument) for bad arguments, Error(Timeout) when a peer's record or
+  // acknowledgement is missing at the deadline, Error(Io) when a segment cannot be made.
+  ShmTransport(Store& store, int rank, int size, std::vector<net::Socket> control, Options options);
+  ~ShmTransport() override;
+  ShmTransport(const ShmTransport&) = delete;
+  ShmTransport& operator=(const ShmTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  // SharedMemory for the peers served here, Self for this rank; Error(InvalidArgument) else.
+  collectives::Link link(int peer) const override;
+  bool serves(int peer) const;
+
+  collectives::Request send(int peer, const void* data, size_t bytes,
+                            collectives::Tag tag) override;
+  collectives::Request recv(int peer, void* data, size_t bytes, collectives::Tag tag) override;
+  collectives::Request recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op,
+                                   collectives::Tag tag) override;
+  void wait(collectives::Request request, collectives::Clock::time_point deadline) override;
+  bool test(collectives::Request request) override;
+  void abort(const std::string& reason) override;
+
+  // Moves what can move; when nothing could, sleeps on the doorbell until a ring has news, a
+  // peer is found lost, abort() is called, or `until`. Never throws for a request: it is how a
+  // composite transport waits on this one while it has requests elsewhere.
+  void idle(collectives::Clock::time_point until);
+
+  // Times this rank slept on its doorbell (for tests: proves that waits block).
+  uint64_t sleeps() const { return bell_ ? bell_->sleeps() : 0; }
+
+ private:
+  using Op = detail::Op;
+  using Peer = detail::ShmPeer;
+
+  void setup(Store& store, std::vector<net::Socket> control);
+  Op& post(int peer, detail::OpKind kind, collectives::Tag tag, size_t bytes);
+  void match_posted_recv(Peer& peer, Op& op);
+  // Picks where the current incoming message's payload goes (a receive, a pooled buffer, or
+  // nowhere), or pauses; returns false when paused.
+  bool start_payload(Peer& peer);
+  void deliver(Op& op, const std::byte* src, size_t n);
+  void finish_message(Peer& peer);
+  bool pump_writes(Peer& peer);
+  bool pump_reads(Peer& peer);
+  bool progress();
+  // True when a pass could move something (the doorbell's ready predicate).
+  bool has_news();
+  // Polls the control sockets (throttled to once per slice unless `now_please`).
+  void check_peers(bool now_please);
+  void lose_peer(Peer& peer, const std::string& why);
+  void complete(Op& op);
+  void fail(Op& op, Error error);
+  void withdraw(Op& op);
+  void handle_abort();
+  Error error(ErrorCode code, const char* op, const std::string& detail) const;
+
+  const int rank_;
+  const int size_;
+  const Options options_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null where not served
+  std::optional<ShmSegment> segment_;         // this rank's: its doorbell and incoming rings
+  std::optional<Doorbell> bell_;
+  std::chrono::nanoseconds spin_budget_{0};
+  std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // live requests by id
+  uint64_t next_id_ = 1;
+  detail::BufferPool pool_;
+  collectives::Clock::time_point next_liveness_check_{};
+  uint64_t losses_ = 0;  // peers lost so far: wakes idle()
+
+  std::atomic<bool> aborted_{false};
+  bool abort_handled_ = false;  // owner thread only
+  std::mutex abort_mutex_;
+  std::string abort_reason_;  // guarded by abort_mutex_
+};
+
+}  // namespace weft::tcp

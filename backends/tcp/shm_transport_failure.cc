@@ -1,0 +1,138 @@
+// ShmTransport's failure paths: lost peers, withdrawn requests and abort (see shm_transport.h).
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backends/tcp/shm_peer.h"
+#include "backends/tcp/shm_transport.h"
+
+namespace weft::tcp {
+
+using collectives::Clock;
+using detail::OpKind;
+using detail::Unexpected;
+
+void ShmTransport::check_peers(bool now_please) {
+  const Clock::time_point now = Clock::now();
+  if (!now_please && now < next_liveness_check_) return;
+  next_liveness_check_ = now + bell_->slice();
+  // Once per slice, a few descriptors: a vector here costs nothing next to the poll().
+  std::vector<pollfd> fds;
+  std::vector<Peer*> polled;
+  for (auto& peer : peers_) {
+    if (!peer || peer->lost || !peer->control.valid()) continue;
+    fds.push_back(pollfd{peer->control.fd(), POLLRDHUP, 0});
+    polled.push_back(peer.get());
+  }
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
+      lose_peer(*polled[i],
+                "is gone (its control connection closed: it exited, crashed or aborted)");
+    }
+  }
+}
+
+void ShmTransport::lose_peer(Peer& peer, const std::string& why) {
+  if (peer.lost) return;
+  // What it committed before going stays readable in this rank's segment: take all of it first.
+  // Marked lost already, so that start_payload() buffers past the unexpected limit: what is left
+  // is bounded by the ring, and holding it back would only turn messages into failures.
+  peer.lost = true;
+  peer.lost_reason = why;
+  while (pump_reads(peer)) {
+  }
+  ++losses_;
+  Error lost =
+      error(ErrorCode::PeerLost, "shm transport", fmt::format("rank {} {}", peer.rank, why));
+  for (Op* op : peer.sends) {
+    if (op->id != 0) fail(*op, lost);
+  }
+  peer.sends.clear();
+  peer.orphans.clear();
+  for (Op* op : peer.recvs) fail(*op, lost);
+  peer.recvs.clear();
+  if (peer.in_op != nullptr) fail(*peer.in_op, lost);
+  peer.in_op = nullptr;
+  if (peer.in_unexpected != nullptr) {
+    Unexpected& partial = *peer.in_unexpected;
+    peer.unexpected_bytes -= partial.charge;
+    pool_.release(std::move(partial.buffer));
+    peer.unexpected.remove_if([&](const Unexpected& u) { return &u == &partial; });
+    peer.in_unexpected = nullptr;
+  }
+  peer.in_state = detail::InState::Header;
+}
+
+void ShmTransport::withdraw(Op& op) {
+  Peer& peer = *peers_[op.peer];
+  if (op.kind == OpKind::Send) {
+    auto it = std::find(peer.sends.begin(), peer.sends.end(), &op);
+    if (it == peer.sends.end()) return;
+    if (op.header_done == 0) {
+      peer.sends.erase(it);
+      return;
+    }
+    // Partly in the ring: the peer expects the rest, so finish it from a copy that the caller
+    // cannot free under us. An orphan has id 0.
+    auto orphan = std::make_unique<Op>();
+    orphan->peer = op.peer;
+    orphan->header = op.header;
+    orphan->header_done = op.header_done;
+    orphan->owned.assign(op.src + op.done, op.src + op.bytes);
+    orphan->src = orphan->owned.data();
+    orphan->bytes = orphan->owned.size();
+    *it = orphan.get();
+    peer.orphans.push_back(std::move(orphan));
+    return;
+  }
+  if (peer.in_op == &op) {
+    peer.in_op = nullptr;  // the rest of this message is consumed and discarded
+    return;
+  }
+  auto it = std::find(peer.recvs.begin(), peer.recvs.end(), &op);
+  if (it != peer.recvs.end()) peer.recvs.erase(it);
+}
+
+void ShmTransport::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason.empty() ? std::string("aborted") : reason;
+    aborted_.store(true);
+  }
+  // Peers poll these sockets: a shut-down connection tells them within a slice, rather than at
+  // their deadline. shutdown() leaves the descriptor open, so the owner thread's polls are safe.
+  for (auto& peer : peers_) {
+    if (peer && peer->control.valid()) ::shutdown(peer->control.fd(), SHUT_RDWR);
+  }
+  if (bell_) bell_->ring();
+}
+
+void ShmTransport::handle_abort() {
+  if (abort_handled_ || !aborted_.load()) return;
+  abort_handled_ = true;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    reason = abort_reason_;
+  }
+  for (auto& [id, op] : ops_) {
+    if (!op->finished) fail(*op, error(ErrorCode::Aborted, "shm transport", reason));
+  }
+  for (auto& peer : peers_) {
+    if (!peer) continue;
+    peer->sends.clear();
+    peer->recvs.clear();
+    peer->orphans.clear();
+    peer->in_op = nullptr;
+    peer->lost = true;
+    peer->lost_reason = "is unreachable: this rank aborted";
+  }
+}
+
+}  // namespace weft::tcp
