@@ -12,7 +12,6 @@ JOBS       ?= $(shell nproc)
 # once sanitizers change inlining; the release build keeps the warning as an error.
 # ThreadSanitizer cannot model std::atomic_thread_fence (-Wtsan): the shared-memory doorbell's
 # fences order memory between processes, which TSan does not observe anyway.
-SANITIZER_CXXFLAGS = -Wno-maybe-uninitialized
 MESON_TEST  = meson test --num-processes $(JOBS) --print-errorlogs
 
 .PHONY: all deps build run test test-asan test-tsan check format clean
@@ -37,7 +36,7 @@ test: build
 
 $(ASAN_BUILD)/build.ninja: | deps
 	meson setup $(ASAN_BUILD) --buildtype=debugoptimized -Db_sanitize=address,undefined \
-	  -Db_lundef=false -Dcpp_args=$(SANITIZER_CXXFLAGS)
+	  -Db_lundef=false -Dcpp_args="['-Wno-maybe-uninitialized']"
 
 test-asan: deps $(ASAN_BUILD)/build.ninja
 	ninja -C $(ASAN_BUILD) -j $(JOBS)
@@ -47,7 +46,7 @@ test-asan: deps $(ASAN_BUILD)/build.ninja
 
 $(TSAN_BUILD)/build.ninja: | deps
 	meson setup $(TSAN_BUILD) --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false \
-	  -Dcpp_args=$(SANITIZER_CXXFLAGS),-Wno-tsan
+	  -Dcpp_args="['-Wno-maybe-uninitialized','-Wno-tsan']"
 
 test-tsan: deps $(TSAN_BUILD)/build.ninja
 	ninja -C $(TSAN_BUILD) -j $(JOBS)
