@@ -1,6 +1,8 @@
 // Hostile and broken clients: each gets its connection closed (counted in closed_for_violation)
 // while the server stays up, keeps serving others, and holds bounded memory.
+#include <poll.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
@@ -258,7 +260,11 @@ TEST_CASE("memory stays bounded when many clients declare large values and stall
 TEST_CASE("a server out of file descriptors refuses new connections and keeps serving",
           "[store_protocol][multiproc]") {
   uint16_t port = free_port();
-  run_ranks_ok(2, [port](int rank) {
+  // Rank 0's own connection must reach the server before rank 1 uses up its descriptors, so
+  // rank 1 waits for a byte on this pipe first.
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  run_ranks_ok(2, [port, ready](int rank) {
     if (rank == 0) {
       // Room for a few dozen connections only; the rest hit EMFILE in accept.
       rlimit limit{48, 48};
@@ -269,9 +275,12 @@ TEST_CASE("a server out of file descriptors refuses new connections and keeps se
       // Serve until rank 1 says it is done.
       RawClient self(port);
       self.send(Frame().u8(WAIT).u64(1).str("/done"));
+      RANK_CHECK(::write(ready[1], "r", 1) == 1);
       RANK_CHECK(self.read(1, std::chrono::seconds(50)) == std::string(1, '\0'));
       return;
     }
+    pollfd wait_ready{ready[0], POLLIN, 0};
+    RANK_CHECK(::poll(&wait_ready, 1, 30'000) == 1, "rank 0 did not start its server");
     std::vector<std::unique_ptr<RawClient>> clients;
     for (int i = 0; i < 100; ++i) {
       clients.push_back(std::make_unique<RawClient>(port));
@@ -307,6 +316,8 @@ TEST_CASE("a server out of file descriptors refuses new connections and keeps se
       break;
     }
   });
+  ::close(ready[0]);
+  ::close(ready[1]);
 }
 
 }  // namespace weft::test
