@@ -8,11 +8,19 @@
 //
 // set+get: each client (a thread with its own TCPStore, so its own connection) repeats SET of its
 // own key then GET of it; ops/s counts both. add: each client repeats ADD on a shared counter.
+// raw set+get: the same SET and GET, hand-encoded and sent in one write per pair on a plain
+// socket (SET has no reply; the GET follows it on the same connection, so its key exists and no
+// WAIT is needed). One round trip per pair and no client library: the figure says what the
+// server sustains, where set+get says what an application using the client sees.
 // rendezvous N: N clients connect, each sets its own key, then each does one multi_get of all N
 // keys; the time is from the start signal to the last client's reply. Values are checked, so a
 // wrong reply fails the run (exit 1) instead of inflating it.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +28,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <memory>
@@ -153,14 +162,96 @@ weft::TCPStoreOptions client_options(const std::string& host, uint16_t port) {
   return {.host = host, .port = port, .timeout = 60s, .token = std::nullopt};
 }
 
-enum class Load { SetGet, Add };
+enum class Load { SetGet, Add, RawSetGet };
+
+const char* load_name(Load load) {
+  switch (load) {
+    case Load::SetGet:
+      return "set+get";
+    case Load::Add:
+      return "add";
+    case Load::RawSetGet:
+      return "raw set+get";
+  }
+  return "?";
+}
+
+// A plain TCP connection speaking the TCPStore protocol by hand (docs/store-protocol.md), for the
+// raw load. Integers little-endian, strings as a u64 length then the bytes.
+class RawConnection {
+ public:
+  RawConnection(const std::string& host, uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    if (fd_ < 0 || host != "127.0.0.1" ||
+        ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      throw std::runtime_error("raw set+get: cannot connect to " + host + ":" +
+                               std::to_string(port) + " (the raw load supports 127.0.0.1 only)");
+    }
+    int one = 1;
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::string validate(1, '\0');
+    put_u32(validate, 0x3C85F7CE);
+    send_all(validate);
+  }
+  ~RawConnection() { ::close(fd_); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  static void put_u32(std::string& out, uint32_t v) { out.append(reinterpret_cast<char*>(&v), 4); }
+  static void put_str(std::string& out, const std::string& s) {
+    uint64_t n = s.size();
+    out.append(reinterpret_cast<char*>(&n), 8);
+    out += s;
+  }
+  void send_all(const std::string& bytes) {
+    for (size_t done = 0; done < bytes.size();) {
+      ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) throw std::runtime_error("raw set+get: send failed");
+      done += static_cast<size_t>(n);
+    }
+  }
+  void recv_all(char* out, size_t size) {
+    for (size_t done = 0; done < size;) {
+      ssize_t n = ::recv(fd_, out + done, size - done, 0);
+      if (n <= 0) throw std::runtime_error("raw set+get: the server closed the connection");
+      done += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// SET then GET of one key in one write; returns whether GET gave back the value.
+bool raw_set_get(RawConnection& c, const std::string& key, const std::string& value) {
+  constexpr char kSet = 1, kGet = 3;  // query types (runtime/store_protocol.h)
+  std::string request(1, kSet);
+  RawConnection::put_str(request, "/" + key);
+  RawConnection::put_str(request, value);
+  request += kGet;
+  RawConnection::put_str(request, "/" + key);
+  c.send_all(request);
+  char reply[8 + 64];
+  c.recv_all(reply, 8 + value.size());
+  uint64_t length = 0;
+  std::memcpy(&length, reply, 8);
+  return length == value.size() && std::memcmp(reply + 8, value.data(), value.size()) == 0;
+}
 
 // Ops per second of `clients` clients running `load` for `seconds`.
 double throughput(const std::string& host, uint16_t port, int clients, Load load, double seconds,
                   int run) {
   std::vector<std::unique_ptr<weft::TCPStore>> stores;
+  std::vector<std::unique_ptr<RawConnection>> raw;
   for (int c = 0; c < clients; ++c) {
-    stores.push_back(std::make_unique<weft::TCPStore>(client_options(host, port)));
+    if (load == Load::RawSetGet) {
+      raw.push_back(std::make_unique<RawConnection>(host, port));
+    } else {
+      stores.push_back(std::make_unique<weft::TCPStore>(client_options(host, port)));
+    }
   }
   StartLine start(clients + 1);
   std::atomic<bool> stop{false};
@@ -169,19 +260,23 @@ double throughput(const std::string& host, uint16_t port, int clients, Load load
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
-      weft::TCPStore& store = *stores[c];
       std::string key = fmt::format("bench/{}/{}", run, c);
       weft::Bytes value(32, static_cast<uint8_t>(c));
       int64_t ops = 0;
       start.arrive_and_wait();
       while (!stop.load(std::memory_order_relaxed)) {
         if (load == Load::SetGet) {
+          weft::TCPStore& store = *stores[c];
           value[0] = static_cast<uint8_t>(ops);
           store.set(key, value);
           if (store.get(key) != value) ++wrong;
           ops += 2;
+        } else if (load == Load::RawSetGet) {
+          value[0] = static_cast<uint8_t>(ops);
+          if (!raw_set_get(*raw[c], key, std::string(value.begin(), value.end()))) ++wrong;
+          ops += 2;
         } else {
-          store.add(fmt::format("bench/{}/counter", run), 1);
+          stores[c]->add(fmt::format("bench/{}/counter", run), 1);
           ops += 1;
         }
       }
@@ -277,15 +372,15 @@ int main(int argc, char** argv) {
     }
     print_header(args, description);
     int run = 0;
-    for (Load load : {Load::SetGet, Load::Add}) {
+    for (Load load : {Load::SetGet, Load::RawSetGet, Load::Add}) {
       for (int clients : args.clients) {
         std::vector<double> figures;
         for (int r = 0; r < args.repeat; ++r) {
           figures.push_back(throughput(host, port, clients, load, args.seconds, run++));
         }
         double ops = median(figures);
-        std::printf("%-8s %5d clients : %10.0f ops/s %9.1f us/op per client\n",
-                    load == Load::SetGet ? "set+get" : "add", clients, ops, 1e6 * clients / ops);
+        std::printf("%-11s %5d clients : %10.0f ops/s %9.1f us/op per client\n", load_name(load),
+                    clients, ops, 1e6 * clients / ops);
         std::fflush(stdout);
       }
     }
