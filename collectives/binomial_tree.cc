@@ -85,13 +85,13 @@ void binomial_reduce(const Context& ctx, const void* input, void* output, size_t
   // A leaf (odd v, or the last ranks) sends the caller's input as it is, unless it must be
   // premultiplied; everyone else accumulates in the root's output or in scratch.
   const bool leaf = v != 0 && (v & 1) == 1;
-  std::vector<std::byte> scratch;
+  const bool needs_scratch = rank != root && (!leaf || reduce::needs_premultiply(op));
+  const detail::Scratch scratch(ctx, needs_scratch ? bytes : 0);
   const void* accumulated = input;
   void* accumulator = nullptr;
   if (rank == root) {
     accumulator = output;
-  } else if (!leaf || reduce::needs_premultiply(op)) {
-    scratch.resize(bytes);
+  } else if (needs_scratch) {
     accumulator = scratch.data();
   }
   if (accumulator != nullptr) {

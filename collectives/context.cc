@@ -3,12 +3,23 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include <fmt/format.h>
 
 #include "weft/error.h"
 
 namespace weft::collectives::detail {
+
+Scratch::Scratch(const Context& ctx, size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  if (ctx.scratch != nullptr) {
+    lease_ = ctx.scratch->get(bytes);
+  } else {
+    // Uninitialised, like pool memory: every algorithm writes its scratch before reading it.
+    owned_.reset(static_cast<std::byte*>(::operator new[](bytes, kAlignment)));
+  }
+}
 
 size_t checked_bytes(std::string_view where, size_t count, DType dtype) {
   if (!is_valid(dtype)) {

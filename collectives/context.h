@@ -17,14 +17,21 @@
 // borrowed by the transport after the call returns or throws. Bad arguments throw
 // Error(InvalidArgument) before anything is posted.
 //
+// Scratch: an algorithm that needs memory beyond input and output (noted in its header) takes it
+// through detail::Scratch, which leases it from ctx.scratch, the group's ScratchPool
+// (scratch_pool.h), so that large collectives pay no page faults after the group's first call.
+// Without a pool (tests, one-off callers) each call allocates its own, as before the pool.
+//
 // Thread safety: an algorithm runs on the one thread that posts and waits on ctx.transport
-// (transport.h); it keeps no state between calls, so different groups' collectives may run
-// concurrently on their own transports. Scratch memory, where an algorithm needs it, is its own
-// per call (noted in each header; a pool is a TODO for the backends' issue).
+// (transport.h), which is also the one thread using ctx.scratch; it keeps no state between
+// calls, so different groups' collectives may run concurrently on their own transports and
+// pools.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -32,6 +39,7 @@
 #include "weft/dtype.h"
 #include "weft/reduce_op.h"
 
+#include "collectives/scratch_pool.h"
 #include "collectives/transport.h"
 
 namespace weft::collectives {
@@ -43,6 +51,9 @@ struct Context {
   uint64_t seq = 0;
   // Every wait gives up here with Error(Timeout).
   Clock::time_point deadline = Clock::time_point::max();
+  // The group's scratch memory, owned by the group and used only on this thread; null: each
+  // call that needs scratch allocates its own (see detail::Scratch).
+  ScratchPool* scratch = nullptr;
 };
 
 // Ring and tree algorithms cut a chunk into segments of at most this many bytes and pipeline
@@ -73,6 +84,33 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 
 // Copies `bytes` from src to dst unless they are the same address (in-place use).
 void copy_unless_same(void* dst, const void* src, size_t bytes);
+
+// `bytes` of scratch memory for the algorithm running on ctx, 64-byte aligned or better, held
+// until this object dies: a lease on ctx.scratch when the group has a pool, else an allocation
+// of its own. The contents are unspecified (an earlier call's bytes). Zero bytes: data() is null
+// and nothing is taken, so an algorithm that needs scratch only sometimes asks for 0 otherwise.
+//
+// Thread safety: none; used by the one thread running the algorithm.
+class Scratch {
+ public:
+  Scratch(const Context& ctx, size_t bytes);
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  std::byte* data() const { return lease_.data() != nullptr ? lease_.data() : owned_.get(); }
+  size_t size() const { return bytes_; }
+
+ private:
+  // The alignment of the fallback; pool memory is page-aligned.
+  static constexpr std::align_val_t kAlignment{64};
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete[](p, kAlignment); }
+  };
+
+  ScratchPool::Lease lease_;
+  std::unique_ptr<std::byte[], Free> owned_;
+  size_t bytes_;
+};
 
 // The requests an algorithm has posted and not yet waited for. wait() waits for one against the
 // deadline and rewrites a transport error's message to say which algorithm and step failed; the

@@ -57,9 +57,10 @@ void run(const Context& ctx, const void* input, void* output, std::span<const si
   detail::check_buffer(kWhere, input, in_bytes, "input");
   detail::check_buffer(kWhere, output, out_bytes, "output");
   const auto* in = static_cast<const std::byte*>(input);
-  std::vector<std::byte> staged;
-  if (detail::overlaps(input, in_bytes, output, out_bytes)) {
-    staged.assign(in, in + in_bytes);
+  const bool overlap = detail::overlaps(input, in_bytes, output, out_bytes);
+  const detail::Scratch staged(ctx, overlap ? in_bytes : 0);
+  if (overlap) {
+    std::memcpy(staged.data(), in, in_bytes);
     in = staged.data();
   }
   exchange(ctx, in, static_cast<std::byte*>(output), send_counts, recv_counts, send_offsets,

@@ -1,7 +1,6 @@
 #include "collectives/recursive_doubling.h"
 
 #include <bit>
-#include <vector>
 
 #include "weft/error.h"
 
@@ -59,7 +58,7 @@ void recursive_doubling_all_reduce(const Context& ctx, const void* input, void* 
   if (new_rank >= 0 && steps > 0) {
     // The partner's buffer cannot be reduced straight into ours (recv_reduce) while ours is
     // being sent, so it lands in scratch first.
-    std::vector<std::byte> scratch(bytes);
+    const detail::Scratch scratch(ctx, bytes);
     for (int step = 0; step < steps; ++step) {
       const int partner_new = new_rank ^ (1 << step);
       const int partner = partner_new < extra ? partner_new * 2 + 1 : partner_new + extra;

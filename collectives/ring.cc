@@ -160,9 +160,7 @@ void reduce_scatter_blocks(std::string_view where, const Context& ctx,
   if (total == 0) return;
 
   // The reduction runs in a copy, so the inputs stay untouched and output may alias them.
-  // TODO: take this scratch from the group's buffer pool once backends have one (DESIGN.md,
-  // Memory); a fresh allocation per call pays the first-touch cost on every large call.
-  std::vector<std::byte> work(total);
+  const detail::Scratch work(ctx, total);
   for (int j = 0; j < size; ++j) {
     std::byte* block = work.data() + offsets[j] * element;
     if (reduce::needs_premultiply(op)) {

@@ -23,6 +23,9 @@ void check_all_reduce(const std::string& name, const AllReduceFn& all_reduce) {
   for (int size = 1; size <= 8; ++size) {
     const std::vector<std::string> failures =
         run_world(size, eager_limit_for(size), [&](Transport& transport, int rank, Failures& f) {
+          // Two calls in three take scratch from the rank's pool, which then holds an earlier
+          // call's bytes; the third allocates its own: both paths must give the same results.
+          collectives::ScratchPool pool;
           uint64_t seq = 0;
           for (DType dtype : kTestDTypes) {
             for (ReduceOp op : ops_for(dtype)) {
@@ -33,7 +36,10 @@ void check_all_reduce(const std::string& name, const AllReduceFn& all_reduce) {
                 const std::vector<std::byte> pristine = input;
                 std::vector<std::byte> output(in_place ? 0 : input.size());
                 void* out = in_place ? input.data() : output.data();
-                all_reduce({.transport = transport, .seq = seq, .deadline = test_deadline()},
+                all_reduce({.transport = transport,
+                            .seq = seq,
+                            .deadline = test_deadline(),
+                            .scratch = seq % 3 != 0 ? &pool : nullptr},
                            input.data(), out, count, dtype, op);
                 const std::string what = fmt::format("{} on {} ranks{}, rank {}: {}", name, size,
                                                      in_place ? " in place" : "", rank,

@@ -14,8 +14,14 @@ namespace {
 
 using collectives::Context;
 
-Context context(Transport& transport, uint64_t seq) {
-  return {.transport = transport, .seq = seq, .deadline = test_deadline()};
+Context context(Transport& transport, uint64_t seq, collectives::ScratchPool* scratch = nullptr) {
+  return {.transport = transport, .seq = seq, .deadline = test_deadline(), .scratch = scratch};
+}
+
+// Two calls in three take scratch from the rank's pool, which then holds an earlier call's bytes;
+// the third allocates its own: both paths of detail::Scratch give the same results.
+collectives::ScratchPool* some_of_the_time(collectives::ScratchPool& pool, uint64_t seq) {
+  return seq % 3 != 0 ? &pool : nullptr;
 }
 
 void report(const std::vector<std::string>& failures) {
@@ -38,6 +44,7 @@ TEST_CASE("pairwise all_to_all delivers block j of rank i to block i of rank j o
   const DType dtypes[] = {DType::Int32, DType::BFloat16};
   for (int size = 1; size <= 8; ++size) {
     report(run_world(size, eager_limit_for(size), [&](Transport& transport, int rank, Failures& f) {
+      collectives::ScratchPool pool;
       uint64_t seq = 0;
       for (DType dtype : dtypes) {
         // Variants 0..4: even blocks of each test count; 5..7: split sizes.
@@ -62,12 +69,13 @@ TEST_CASE("pairwise all_to_all delivers block j of rank i to block i of rank j o
             std::vector<std::byte> buffer = input;
             std::vector<std::byte> output(want.size(), std::byte{0x5A});
             void* out = in_place ? buffer.data() : output.data();
+            ++seq;
+            const Context ctx = context(transport, seq, some_of_the_time(pool, seq));
             if (variant < 5) {
-              collectives::pairwise_all_to_all(context(transport, ++seq), buffer.data(), out,
-                                               send_counts[0], dtype);
+              collectives::pairwise_all_to_all(ctx, buffer.data(), out, send_counts[0], dtype);
             } else {
-              collectives::pairwise_all_to_all(context(transport, ++seq), buffer.data(), out,
-                                               send_counts, recv_counts, dtype);
+              collectives::pairwise_all_to_all(ctx, buffer.data(), out, send_counts, recv_counts,
+                                               dtype);
             }
             const std::string what =
                 fmt::format("{} ranks, rank {}{}: all_to_all {} variant {}", size, rank,

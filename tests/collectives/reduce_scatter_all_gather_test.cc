@@ -15,8 +15,14 @@ namespace {
 
 using collectives::Context;
 
-Context context(Transport& transport, uint64_t seq) {
-  return {.transport = transport, .seq = seq, .deadline = test_deadline()};
+Context context(Transport& transport, uint64_t seq, collectives::ScratchPool* scratch = nullptr) {
+  return {.transport = transport, .seq = seq, .deadline = test_deadline(), .scratch = scratch};
+}
+
+// Two calls in three take scratch from the rank's pool, which then holds an earlier call's bytes;
+// the third allocates its own: both paths of detail::Scratch give the same results.
+collectives::ScratchPool* some_of_the_time(collectives::ScratchPool& pool, uint64_t seq) {
+  return seq % 3 != 0 ? &pool : nullptr;
 }
 
 // Per-rank block sizes with zeros and unequal sizes: block j of variant v.
@@ -37,6 +43,7 @@ TEST_CASE(
     "[collectives][reduce_scatter]") {
   for (int size = 1; size <= 8; ++size) {
     report(run_world(size, eager_limit_for(size), [&](Transport& transport, int rank, Failures& f) {
+      collectives::ScratchPool pool;
       uint64_t seq = 0;
       for (DType dtype : kTestDTypes) {
         for (ReduceOp op : ops_for(dtype)) {
@@ -56,8 +63,9 @@ TEST_CASE(
             std::vector<std::byte> output(counts[rank] * dtype_size(dtype));
             ++seq;
             if (variant < 5 && seq % 2 == 0) {
-              collectives::ring_reduce_scatter(context(transport, seq), input.data(), output.data(),
-                                               counts[0], dtype, op, kTestSegmentBytes);
+              collectives::ring_reduce_scatter(context(transport, seq, some_of_the_time(pool, seq)),
+                                               input.data(), output.data(), counts[0], dtype, op,
+                                               kTestSegmentBytes);
             } else if (variant < 5) {  // the list form, each block in its own allocation
               std::vector<std::vector<std::byte>> copies;
               std::vector<const void*> blocks;
@@ -66,11 +74,13 @@ TEST_CASE(
                 copies.emplace_back(begin, begin + counts[j] * dtype_size(dtype));
               }
               for (const auto& copy : copies) blocks.push_back(copy.data());
-              collectives::ring_reduce_scatter(context(transport, seq), blocks, output.data(),
-                                               counts[0], dtype, op, kTestSegmentBytes);
+              collectives::ring_reduce_scatter(context(transport, seq, some_of_the_time(pool, seq)),
+                                               blocks, output.data(), counts[0], dtype, op,
+                                               kTestSegmentBytes);
             } else {
-              collectives::ring_reduce_scatter(context(transport, seq), input.data(), output.data(),
-                                               counts, dtype, op, kTestSegmentBytes);
+              collectives::ring_reduce_scatter(context(transport, seq, some_of_the_time(pool, seq)),
+                                               input.data(), output.data(), counts, dtype, op,
+                                               kTestSegmentBytes);
             }
             const std::string what =
                 fmt::format("{} ranks, rank {}: {} (variant {})", size, rank,
