@@ -3,7 +3,7 @@
 //
 //   weftrun --nproc-per-node 4 --standalone build/examples/store_round [rounds]
 //
-// It uses only the public API: init_process_group() from the launcher's environment, then
+// It uses only the public API: rendezvous() from the launcher's environment, then
 // set / add / wait / multi_get on the store it returns.
 #include <chrono>
 #include <cstdio>
@@ -34,7 +34,7 @@ void barrier(weft::Store& store, int world_size, const std::string& name) {
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? std::atoi(argv[1]) : 100;
   try {
-    weft::Rendezvous rdzv = weft::init_process_group();
+    weft::Rendezvous rdzv = weft::rendezvous();
     weft::Store& store = *rdzv.store;
     const int n = rdzv.world_size;
 

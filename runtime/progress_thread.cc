@@ -51,8 +51,11 @@ bool is_aborted_error(const std::exception_ptr& error) {
 }  // namespace
 
 ProgressThread::ProgressThread(std::string name, std::chrono::milliseconds drain_timeout,
-                               std::chrono::milliseconds work_timeout)
-    : name_(std::move(name)), drain_timeout_(drain_timeout), work_timeout_(work_timeout) {
+                               std::chrono::milliseconds work_timeout, bool caller_runs)
+    : name_(std::move(name)),
+      drain_timeout_(drain_timeout),
+      work_timeout_(work_timeout),
+      caller_runs_(caller_runs) {
   if (drain_timeout_.count() < 0) {
     throw_error(ErrorCode::InvalidArgument, fmt::format("progress thread \"{}\"", name_),
                 fmt::format("negative drain timeout {} ms", drain_timeout_.count()));
@@ -61,6 +64,7 @@ ProgressThread::ProgressThread(std::string name, std::chrono::milliseconds drain
     throw_error(ErrorCode::InvalidArgument, fmt::format("progress thread \"{}\"", name_),
                 fmt::format("negative work timeout {} ms", work_timeout_.count()));
   }
+  helper_link_->owner = this;
   thread_ = std::thread([this] { loop(); });
   std::string short_name = name_.substr(0, kMaxThreadName);
   // Only a debugging aid: a failure leaves the thread unnamed and changes nothing else.
@@ -68,6 +72,11 @@ ProgressThread::ProgressThread(std::string name, std::chrono::milliseconds drain
 }
 
 ProgressThread::~ProgressThread() {
+  {
+    // Waits for an inline run in progress; none starts after this.
+    std::lock_guard<std::mutex> link_lock(helper_link_->mutex);
+    helper_link_->owner = nullptr;
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   bool drained = idle_cv_.wait_until(lock, deadline_after(drain_timeout_),
                                      [this] { return queue_.empty() && running_ == nullptr; });
@@ -95,6 +104,17 @@ ProgressThread::~ProgressThread() {
 std::shared_ptr<Work> ProgressThread::submit(ErrorContext context, std::function<void()> task) {
   WEFT_CHECK(task != nullptr, "submit needs a task");
   auto work = std::make_shared<Work>(std::move(context), work_timeout_);
+  std::weak_ptr<HelperLink> link = helper_link_;
+  const Work* raw = work.get();
+  if (caller_runs_)
+    work->set_wait_helper([link, raw] {
+      std::shared_ptr<HelperLink> held = link.lock();
+      if (!held) return;
+      // try_lock: a callback of an inline run that waits for another Work must not deadlock here;
+      // it simply sleeps until the progress thread runs that Work.
+      std::unique_lock<std::mutex> link_lock(held->mutex, std::try_to_lock);
+      if (link_lock.owns_lock() && held->owner != nullptr) held->owner->run_inline(raw);
+    });
   std::string reason;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -159,8 +179,13 @@ size_t ProgressThread::pending() const {
 void ProgressThread::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    task_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    // A task run inline by a waiting caller holds running_: wait for it to finish.
+    task_cv_.wait(lock, [this] { return stopping_ || (!queue_.empty() && running_ == nullptr); });
     if (queue_.empty()) break;
+    if (running_ != nullptr) {
+      idle_cv_.wait(lock, [this] { return running_ == nullptr; });
+      continue;
+    }
     Task task = std::move(queue_.front());
     queue_.pop_front();
     running_ = task.work.get();
@@ -175,6 +200,25 @@ void ProgressThread::loop() {
   }
   exited_ = true;
   idle_cv_.notify_all();
+}
+
+void ProgressThread::run_inline(const Work* work) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (aborted_ || running_ != nullptr || queue_.empty() || queue_.front().work.get() != work) {
+    return;
+  }
+  Task task = std::move(queue_.front());
+  queue_.pop_front();
+  running_ = task.work.get();
+  lock.unlock();
+  run_task(task);
+  task.run = nullptr;
+  lock.lock();
+  running_ = nullptr;
+  // The progress thread may be waiting for this run to end (queued work) or the destructor for
+  // the queue to drain.
+  idle_cv_.notify_all();
+  if (!queue_.empty()) task_cv_.notify_one();
 }
 
 void ProgressThread::run_task(Task& task) {

@@ -40,6 +40,13 @@ namespace weft {
 // deadline (every weft blocking call has one); while it waits the destructor logs a warning every
 // drain_timeout (at least 1 s, at most 60 s) naming the task.
 //
+// Caller runs (when enabled at construction): a thread that wait()s for a Work whose task is first
+// in the queue while no task runs takes the task and runs it itself (Work::set_wait_helper),
+// instead of sleeping until the progress thread has woken, run it, and woken it back: for a small
+// collective those two wake-ups are most of its latency. Order is kept (only the first queued task,
+// only when none runs); the task sees no difference but the thread, and its Work's callbacks run on
+// the caller.
+//
 // A task must not wait() for the Work of a task submitted after it: that task cannot start
 // before this one returns, so the wait can only time out.
 //
@@ -55,8 +62,12 @@ class ProgressThread {
   // shows in top and gdb. `drain_timeout` bounds how long the destructor waits for queued work
   // before aborting it; `work_timeout` is the default timeout of each submitted Work
   // (Work::kDefaultTimeout: WEFT_TIMEOUT).
+  // `caller_runs` enables running a waited-for task on the waiting thread (see the class comment):
+  // only for tasks that honour their own deadline, because a caller running a task inline cannot
+  // give up at its wait()'s timeout (a wait with a timeout shorter than the Work's never helps).
   ProgressThread(std::string name, std::chrono::milliseconds drain_timeout,
-                 std::chrono::milliseconds work_timeout = Work::kDefaultTimeout);
+                 std::chrono::milliseconds work_timeout = Work::kDefaultTimeout,
+                 bool caller_runs = false);
   // Drains for up to drain_timeout, aborts what is left, joins. See the class comment.
   ~ProgressThread();
 
@@ -92,12 +103,25 @@ class ProgressThread {
 
   // The thread's body: pops and runs tasks until stopping_ with an empty queue.
   void loop();
+  // Runs `work`'s task on the calling thread when it is first in the queue and no task runs;
+  // otherwise does nothing. Called by Work::wait() through the wait helper.
+  void run_inline(const Work* work);
+
+  // What the wait helpers of this thread's Works hold: the thread while it lives. A helper locks
+  // `mutex` for the length of its inline run, so the destructor (which clears `owner` first) never
+  // frees the thread under it.
+  struct HelperLink {
+    std::mutex mutex;
+    ProgressThread* owner = nullptr;  // guarded by mutex
+  };
+  std::shared_ptr<HelperLink> helper_link_ = std::make_shared<HelperLink>();
   // Runs one task and completes its Work. Called on the progress thread without mutex_ held.
   void run_task(Task& task);
 
   const std::string name_;
   const std::chrono::milliseconds drain_timeout_;
   const std::chrono::milliseconds work_timeout_;
+  const bool caller_runs_;
 
   mutable std::mutex mutex_;
   // Wakes the thread: a task was queued, or stopping_ was set.

@@ -228,6 +228,5 @@ Rendezvous rendezvous(const RendezvousOptions& options) {
   return result;
 }
 
-Rendezvous init_process_group() { return rendezvous(RendezvousOptions{}); }
 
 }  // namespace weft

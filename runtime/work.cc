@@ -79,6 +79,7 @@ std::exception_ptr Work::exception() const {
 
 void Work::wait(std::chrono::milliseconds timeout) const {
   auto resolved = resolve_timeout(timeout, timeout_, context_, "wait");
+  if (wait_helper_ && resolved >= timeout_ && !is_completed()) wait_helper_();
   wait_until(deadline_after(Clock::now(), resolved), resolved);
 }
 
@@ -161,6 +162,9 @@ void wait_all(std::span<const std::shared_ptr<Work>> works, std::chrono::millise
   const auto start = Clock::now();
   for (const auto& work : works) {
     auto resolved = timeout == Work::kDefaultTimeout ? work->timeout() : timeout;
+    if (work->wait_helper_ && resolved >= work->timeout() && !work->is_completed()) {
+      work->wait_helper_();
+    }
     work->wait_until(deadline_after(start, resolved), resolved);
   }
 }

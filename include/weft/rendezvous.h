@@ -14,7 +14,7 @@
 // itself: a loopback MASTER_ADDR keeps the store on loopback. docs/launching.md has the details,
 // including the port derived from the job id under Slurm and Open MPI.
 //
-//   weft::Rendezvous rdzv = weft::init_process_group();  // under weftrun, torchrun, srun, mpirun
+//   weft::Rendezvous rdzv = weft::rendezvous();  // under weftrun, torchrun, srun, mpirun
 //   rdzv.store->set("hello/" + std::to_string(rdzv.rank), "hi");
 //
 // Errors: Error(InvalidArgument) for a malformed URL or environment (naming the variable);
@@ -68,9 +68,5 @@ struct Rendezvous {
 // Connects to (or, for rank 0, hosts) the store the options name, and returns once all
 // world_size ranks have joined. Sets the rank shown in weft's log lines.
 Rendezvous rendezvous(const RendezvousOptions& options = {});
-
-// rendezvous() from the launcher's environment (env://). Until process groups land this returns
-// the Rendezvous; it then becomes the full entry point that returns the world process group.
-Rendezvous init_process_group();
 
 }  // namespace weft

@@ -114,6 +114,15 @@ class Work {
   // pending, error != nullptr.
   void fail(std::exception_ptr error);
 
+  // For the executor that will run the operation: wait() calls `helper` once before it blocks, on
+  // the waiting thread, so that the executor may run the operation right there instead of waking
+  // a thread of its own (a progress thread runs a waited-for collective on the caller's thread
+  // when nothing runs ahead of it: the wake-ups saved are most of a small collective's latency).
+  // The helper must return promptly when it cannot help. wait() calls it only when its timeout is
+  // at least the Work's own (an inline run cannot stop at a shorter one). Set it before the Work
+  // is shared.
+  void set_wait_helper(std::function<void()> helper) { wait_helper_ = std::move(helper); }
+
  private:
   enum class State { Pending, Succeeded, Failed };
 
@@ -135,9 +144,10 @@ class Work {
   mutable std::mutex mutex_;
   // Signalled (notify_all) on the transition out of Pending. Waiters hold mutex_.
   mutable std::condition_variable completed_cv_;
-  State state_ = State::Pending;     // guarded by mutex_
-  std::exception_ptr error_;         // guarded by mutex_; set iff state_ == Failed
-  std::vector<Callback> callbacks_;  // guarded by mutex_; emptied at completion
+  State state_ = State::Pending;       // guarded by mutex_
+  std::exception_ptr error_;           // guarded by mutex_; set iff state_ == Failed
+  std::vector<Callback> callbacks_;    // guarded by mutex_; emptied at completion
+  std::function<void()> wait_helper_;  // set before sharing; read-only after
 };
 
 // Waits for every Work in `works`, as if calling wait() on each in order, but against one

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    weft::Rendezvous rdzv = weft::init_process_group();
+    weft::Rendezvous rdzv = weft::rendezvous();
     if (rdzv.rank != env_int("RANK")) check_failed("rank", rdzv.rank, env_int("RANK"));
     if (rdzv.world_size != env_int("WORLD_SIZE")) {
       check_failed("world_size", rdzv.world_size, env_int("WORLD_SIZE"));

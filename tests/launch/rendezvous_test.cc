@@ -169,7 +169,7 @@ TEST_CASE("env:// with torchrun variables on 4 processes: rank 0 hosts, local ra
     set_env("MASTER_ADDR", "127.0.0.1");
     set_env("MASTER_PORT", std::to_string(port));
     set_env("WEFT_TIMEOUT", "20");
-    Rendezvous rdzv = init_process_group();
+    Rendezvous rdzv = rendezvous();
     check_identity(rdzv, rank, kRanks);
     RANK_CHECK(rdzv.local_rank == rank % 2, "local rank {}", rdzv.local_rank);
     RANK_CHECK(rdzv.local_world_size == 2);

@@ -348,3 +348,50 @@ TEST_CASE("a negative drain or work timeout is refused as InvalidArgument", "[wo
 
 }  // namespace
 }  // namespace weft
+
+namespace weft {
+namespace {
+
+TEST_CASE("caller runs: a waited-for task at the head of the queue runs on the waiting thread",
+          "[work][progress]") {
+  ProgressThread progress("weft-test", kBound, kBound, /*caller_runs=*/true);
+  // Hold the progress thread in a first task so that the second is still queued when waited for.
+  Gate release, started;
+  std::thread::id first_on, second_on;
+  auto first = progress.submit(op_context(1), [&] {
+    first_on = std::this_thread::get_id();
+    started.open();
+    release.wait();
+  });
+  REQUIRE(started.wait(kBound));
+  auto second = progress.submit(op_context(2), [&] { second_on = std::this_thread::get_id(); });
+  release.open();
+  first->wait();  // running already: the caller sleeps until the progress thread completes it
+  second->wait();
+  CHECK(first_on != std::this_thread::get_id());
+  CHECK(second->is_success());
+  // Nothing runs now: a task submitted and waited for at once runs here (or, if the progress
+  // thread woke first, there; either way exactly once and in order).
+  std::vector<int> order;
+  std::vector<std::shared_ptr<Work>> works;
+  std::atomic<int> inline_runs{0};
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int i = 0; i < 100; ++i) {
+    works.push_back(progress.submit(op_context(3 + i), [&, i] {
+      order.push_back(i);
+      if (std::this_thread::get_id() == caller) ++inline_runs;
+    }));
+    works.back()->wait();
+  }
+  for (int i = 0; i < 100; ++i) REQUIRE(order[i] == i);
+  CHECK(inline_runs > 0);
+  // A wait shorter than the Work's timeout never runs the task inline.
+  Gate hold;
+  auto blocked = progress.submit(op_context(200), [&] { hold.wait(); });
+  CHECK_THROWS_AS(blocked->wait(milliseconds(20)), Error);
+  hold.open();
+  blocked->wait();
+}
+
+}  // namespace
+}  // namespace weft

@@ -1,0 +1,186 @@
+// ProcessGroup end to end on real processes over the tcp backend: the API's shape (async Work,
+// issue order, sub-groups, coalescing, abort, destroy) rather than every collective x dtype, which
+// tests/conformance covers.
+#include "weft/process_group.h"
+
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "weft/tcp_store.h"
+
+#include "tests/support/multiproc.h"
+
+namespace weft {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size,
+                                   std::map<std::string, std::string> settings = {}) {
+  ProcessGroupOptions options;
+  options.url = fmt::format("tcp://127.0.0.1:{}", port);
+  options.rank = rank;
+  options.world_size = size;
+  options.timeout = seconds(20);
+  options.backend_settings = std::move(settings);
+  return init_process_group(options);
+}
+
+TEST_CASE("process group: all_reduce on 4 ranks, async, in issue order", "[process_group]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(4, [&](int rank) {
+    auto pg = join(port, rank, 4);
+    RANK_CHECK(pg->rank() == rank && pg->size() == 4);
+    RANK_CHECK(pg->backend_name() == "tcp", "{}", pg->backend_name());
+    std::vector<std::vector<float>> buffers(5, std::vector<float>(1000));
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < 5; ++i) {
+      for (size_t j = 0; j < 1000; ++j) buffers[i][j] = float(rank * 1000 + j + i);
+      works.push_back(pg->all_reduce(Tensor::of(buffers[i].data(), 1000)));
+    }
+    wait_all(works);
+    for (int i = 0; i < 5; ++i) {
+      for (size_t j = 0; j < 1000; ++j) {
+        float expected = float((0 + 1 + 2 + 3) * 1000 + 4 * (j + i));
+        RANK_CHECK(buffers[i][j] == expected, "i {} j {}: {} != {}", i, j, buffers[i][j], expected);
+      }
+    }
+    RANK_CHECK(pg->sequence_number() == 5);
+  });
+}
+
+TEST_CASE("process group: sub-groups by new_group and split, used concurrently",
+          "[process_group]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(4, [&](int rank) {
+    auto pg = join(port, rank, 4);
+    auto evens = pg->new_group({0, 2});
+    auto halves = pg->split(rank / 2, -rank);  // key reverses the order within a half
+    auto single = pg->new_group({rank == 3 ? 3 : 0});
+    RANK_CHECK((evens != nullptr) == (rank % 2 == 0));
+    RANK_CHECK(halves && halves->size() == 2);
+    RANK_CHECK(halves->rank() == 1 - rank % 2, "{}", halves->rank());
+    int64_t a = rank + 1, b = rank + 1;
+    auto w1 = halves->all_reduce(Tensor::of(&a, 1));
+    std::shared_ptr<Work> w2;
+    if (evens) w2 = evens->all_reduce(Tensor::of(&b, 1));
+    w1->wait();
+    if (w2) w2->wait();
+    const int64_t half_sum = rank < 2 ? 1 + 2 : 3 + 4;
+    RANK_CHECK(a == half_sum, "{}", a);
+    if (evens) RANK_CHECK(b == 1 + 3, "{}", b);
+    if (single) {
+      RANK_CHECK(single->size() == 1);
+      double x = 2.5;
+      single->all_reduce(Tensor::of(&x, 1), ReduceOp::Avg)->wait();
+      RANK_CHECK(x == 2.5);
+    }
+    auto none = pg->split(rank == 0 ? -1 : 7, 0);
+    RANK_CHECK((none == nullptr) == (rank == 0));
+    if (none) {
+      RANK_CHECK(none->size() == 3 && none->rank() == rank - 1);
+      none->barrier()->wait();
+    }
+    pg->barrier()->wait();  // rank 0 hosts the store: it stays until everyone is done with it
+  });
+}
+
+TEST_CASE("process group: argument errors name the argument", "[process_group]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    auto pg = join(port, rank, 2);
+    std::vector<float> x(4), y(3);
+    auto message = [](auto&& call) -> std::string {
+      try {
+        call();
+      } catch (const Error& e) {
+        RANK_CHECK(e.code() == ErrorCode::InvalidArgument, "{}", e.what());
+        return e.what();
+      }
+      return "no error";
+    };
+    std::string m =
+        message([&] { pg->all_reduce(Tensor::of(x.data(), 4), Tensor::of(y.data(), 3)); });
+    RANK_CHECK(m.find("output has 3 elements; expected 4") != std::string::npos, "{}", m);
+    m = message([&] { pg->broadcast(Tensor::of(x.data(), 4), 2); });
+    RANK_CHECK(m.find("root 2 is out of range") != std::string::npos, "{}", m);
+    m = message([&] { pg->all_reduce(Tensor::of(x.data(), 4), ReduceOp::BXor); });
+    RANK_CHECK(m.find("cannot reduce float32") != std::string::npos, "{}", m);
+    RANK_CHECK(m.find("rank " + std::to_string(rank) + "/2 group \"world\" all_reduce #1") !=
+                   std::string::npos,
+               "{}", m);
+    // Nothing was issued: the group still works.
+    pg->barrier()->wait();
+    RANK_CHECK(pg->sequence_number() == 1);
+  });
+}
+
+TEST_CASE("process group: coalesced all_reduces complete together", "[process_group]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(3, [&](int rank) {
+    auto pg = join(port, rank, 3);
+    std::vector<int32_t> a(10, rank), b(7, 2 * rank);
+    pg->start_coalescing();
+    auto wa = pg->all_reduce(Tensor::of(a.data(), a.size()));
+    auto wb = pg->all_reduce(Tensor::of(b.data(), b.size()), ReduceOp::Max);
+    auto all = pg->end_coalescing();
+    all->wait();
+    RANK_CHECK(wa->is_completed() && wb->is_completed());
+    for (int32_t v : a) RANK_CHECK(v == 0 + 1 + 2);
+    for (int32_t v : b) RANK_CHECK(v == 4);
+  });
+}
+
+TEST_CASE("process group: abort fails pending work with Aborted in bounded time",
+          "[process_group]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(
+      2,
+      [&](int rank) {
+        auto pg = join(port, rank, 2);
+        pg->barrier()->wait();
+        if (rank == 1) {
+          // Rank 0 never joins this all_reduce: it blocks until aborted.
+          std::vector<float> x(1 << 16, 1.0f);
+          auto work = pg->all_reduce(Tensor::of(x.data(), x.size()));
+          auto later = pg->all_reduce(Tensor::of(x.data(), x.size()));
+          std::thread aborter([&] {
+            // Let the all_reduce start and block on rank 0, which never joins it.
+            try {
+              work->wait(milliseconds(200));
+            } catch (const Error&) {
+            }
+            pg->abort("test abort");
+          });
+          auto start = std::chrono::steady_clock::now();
+          try {
+            work->wait();
+            RANK_CHECK(false, "the all_reduce completed");
+          } catch (const Error& e) {
+            RANK_CHECK(e.code() == ErrorCode::Aborted, "{}", e.what());
+          }
+          try {
+            later->wait();
+            RANK_CHECK(false, "the second all_reduce completed");
+          } catch (const Error& e) {
+            RANK_CHECK(e.code() == ErrorCode::Aborted, "{}", e.what());
+          }
+          aborter.join();
+          RANK_CHECK(std::chrono::steady_clock::now() - start < seconds(5));
+          RANK_CHECK(pg->all_reduce(Tensor::of(x.data(), 1))->exception() != nullptr);
+          TCPStore({.host = "127.0.0.1", .port = port}).set("rank 1 done", "yes");
+        } else {
+          // Stay alive (rank 0 hosts the store) until rank 1 is done, without joining its
+          // all_reduce.
+          TCPStore({.host = "127.0.0.1", .port = port}).get("rank 1 done", seconds(20));
+        }
+      },
+      seconds(30));
+}
+
+}  // namespace
+}  // namespace weft
