@@ -1,6 +1,7 @@
 #include "backends/tcp/doorbell.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -97,6 +98,8 @@ void Doorbell::sleep(uint32_t seen, std::chrono::nanoseconds timeout) {
   }
   cancel_sleep();  // W5
 }
+
+void Doorbell::yield_core() { sched_yield(); }
 
 void Doorbell::cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)

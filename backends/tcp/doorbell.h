@@ -31,7 +31,10 @@
 // per slice while it sleeps, so the caller can check that its peers are alive and throw
 // (Error(PeerLost)); it returns false at the deadline. Spin only while the ranks on the host do
 // not outnumber its cores (spin_budget_for()): a spinning rank would otherwise burn the time
-// slice the rank it waits for needs.
+// slice the rank it waits for needs. When they do outnumber them, wait() may instead yield the
+// core a few times before sleeping (set_yield_rounds()): sched_yield() hands the core to a rank
+// that is runnable, very likely the one being waited for, and the answer often comes back within
+// that round trip, which is cheaper than a futex sleep and wake-up (12-15 us each way here).
 //
 // Thread safety: ring() is safe from any thread in any process. One thread at a time waits on a
 // given doorbell (its owner). Ownership: a Doorbell is a view; the ShmSegment holding its
@@ -94,6 +97,8 @@ class Doorbell {
   // The longest single sleep, and so the longest gap between on_slice() calls (plus scheduling).
   std::chrono::milliseconds slice() const { return slice_; }
   void set_slice(std::chrono::milliseconds slice) { slice_ = slice; }
+  // sched_yield() rounds wait() makes after spinning and before sleeping (0: none, the default).
+  void set_yield_rounds(int rounds) { yield_rounds_ = rounds; }
 
   // Whether the owner has announced that it sleeps (W2) and no ringer has cleared it yet: for
   // tests and diagnostics ("rank 3 is asleep on its doorbell").
@@ -109,9 +114,11 @@ class Doorbell {
   void sleep(uint32_t seen, std::chrono::nanoseconds timeout);
   void cancel_sleep();
   static void cpu_relax();
+  static void yield_core();
 
   detail::DoorbellState* state_;
   std::chrono::milliseconds slice_ = kDefaultSlice;
+  int yield_rounds_ = 0;
   uint64_t sleeps_ = 0;
 };
 
@@ -127,6 +134,10 @@ bool Doorbell::wait(Ready&& ready, Clock::time_point deadline, std::chrono::nano
       // Reading the clock costs about as much as a ready(): check it every few rounds only.
       if (i % 16 == 0 && Clock::now() >= spin_end) break;
     }
+  }
+  for (int i = 0; i < yield_rounds_; ++i) {
+    yield_core();
+    if (ready()) return true;
   }
   Clock::time_point next_check = Clock::now() + slice_;
   for (;;) {

@@ -29,6 +29,9 @@ namespace {
 
 constexpr size_t kHeaderBytes = sizeof(WireHeader);
 constexpr size_t kMinRingBytes = 4096;
+// sched_yield() rounds before a futex sleep when ranks outnumber cores (see doorbell.h): enough to
+// hand the core to each rank sharing it once or twice; measured in docs/benchmarks.md.
+constexpr int kOversubscribedYieldRounds = 8;
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;  // as TcpTransport: larger is corrupt
 
 size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }
@@ -93,6 +96,8 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
       fmt::format("/weft-{:016x}-{}-r{}", options_.group_id, ::getpid(), rank_);
   segment_ = ShmSegment::create(name, ring_offset(senders.size(), capacity));
   bell_ = Doorbell::create(segment_->data());
+  // Oversubscribed (no spinning): yield the core to the rank we wait for before sleeping.
+  if (spin_budget_.count() == 0) bell_->set_yield_rounds(kOversubscribedYieldRounds);
   std::string record = fmt::format("{} {} ", name, capacity);
   for (size_t i = 0; i < senders.size(); ++i) {
     std::byte* at = segment_->data() + ring_offset(i, capacity);

@@ -77,8 +77,13 @@ TcpBackend::TcpBackend(const BackendOptions& options, std::unique_ptr<RoutedTran
   collectives::choose(collectives::Op::AllReduce, 0, options_.size, slowest_link_, algo_);
   // Caller runs: every collective honours its deadline (the group's timeout), so a caller waiting
   // for one may run it on its own thread, saving two thread wake-ups per small collective.
+  // A Work's default wait() gives the collective's own deadline (the group timeout, counted from
+  // its start) a margin to fire first: its Timeout names the rank not heard from; wait()'s
+  // generic one cannot.
+  const auto margin =
+      std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout / 10);
   thread_ = std::make_unique<ProgressThread>("weft-" + options_.group_name, options_.timeout,
-                                             options_.timeout, /*caller_runs=*/true);
+                                             options_.timeout + margin, /*caller_runs=*/true);
   thread_->set_abort_hook([this] {
     std::string reason;
     {
@@ -133,8 +138,12 @@ void TcpBackend::run(const Collective& collective, const ErrorContext& context) 
       if (!abort_reason_.empty()) detail = abort_reason_ + " (" + detail + ")";
     }
     if (error.code() == ErrorCode::PeerLost) {
+      // A peer that hung up may have done so because it broke first: the record in the store
+      // names the rank really lost, so it leads the message.
       std::string record = failure_record();
-      if (!record.empty()) detail += fmt::format(" (first failure in the group: {})", record);
+      if (!record.empty()) {
+        detail = fmt::format("first failure in the group: {}; seen here as: {}", record, detail);
+      }
     }
     auto failure = std::make_exception_ptr(Error(error.code(), context, detail));
     switch (error.code()) {
