@@ -4,6 +4,8 @@
 // this one its bookkeeping. Only ShmTransport touches it; it owns every object here.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <deque>
 #include <list>
@@ -31,11 +33,14 @@ struct ShmPeer {
   std::optional<ShmRing> out;         // this rank -> peer
   std::optional<ShmRing> in;          // peer -> this rank, in this rank's segment
   std::optional<Doorbell> bell;       // the peer's
+  pid_t pid = 0;                      // the peer's process, for single-copy reads
+  bool single_copy = false;           // the peer reads large messages from this rank's memory
   bool lost = false;
   bool corrupt = false;  // it sent a header no sender writes: stop reading its ring
   std::string lost_reason;
 
   std::deque<Op*> sends;
+  std::deque<Op*> awaiting_ack;  // single-copy sends whose descriptor is written
   std::deque<Op*> recvs;
   std::list<Unexpected> unexpected;
   size_t unexpected_bytes = 0;
@@ -46,6 +51,7 @@ struct ShmPeer {
   Op* in_op = nullptr;
   Unexpected* in_unexpected = nullptr;
   size_t in_left = 0;
+  uint64_t in_control[2] = {};  // InState::Control: the control payload being read
 };
 
 }  // namespace detail

@@ -1,5 +1,6 @@
 #include "backends/tcp/shm_transport.h"
 
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,37 @@ using detail::WireHeader;
 namespace {
 
 constexpr size_t kHeaderBytes = sizeof(WireHeader);
+
+// Single copy. A header whose bytes field has this bit carries, instead of the payload, the
+// descriptor {address in the sender, sender's request id} (16 bytes); the receiver reads the
+// bytes with process_vm_readv() and answers with an ack: a message with kAckTag whose 8-byte
+// payload is the request id. No collective or send/recv tag is all ones.
+constexpr uint64_t kSingleCopyBit = uint64_t{1} << 63;
+constexpr Tag kAckTag = ~Tag{0};
+constexpr size_t kDescriptorBytes = 16;
+constexpr size_t kAckBytes = 8;
+// A word each rank publishes the address of, for its peers to test that they can read its memory.
+alignas(8) const uint64_t kProbeWord = 0x7765667420636d61;  // "weft cma"
+// recv_reduce of a single-copy message reads in pieces of this size into a staging buffer and
+// reduces each: L2-sized, so the reduction reads it from cache.
+constexpr size_t kSingleCopyPiece = 256 * 1024;
+
+// Reads `bytes` at `address` in process `pid` into `dst`; returns 0 or the errno.
+int read_remote(pid_t pid, void* dst, uint64_t address, size_t bytes) {
+  size_t done = 0;
+  while (done < bytes) {
+    iovec local{static_cast<char*>(dst) + done, bytes - done};
+    iovec remote{reinterpret_cast<void*>(address + done), bytes - done};
+    ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EFAULT;
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
 constexpr size_t kMinRingBytes = 4096;
 // sched_yield() rounds before a futex sleep when ranks outnumber cores (see doorbell.h): enough to
 // hand the core to each rank sharing it once or twice; measured in docs/benchmarks.md.
@@ -98,7 +130,8 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   bell_ = Doorbell::create(segment_->data());
   // Oversubscribed (no spinning): yield the core to the rank we wait for before sleeping.
   if (spin_budget_.count() == 0) bell_->set_yield_rounds(kOversubscribedYieldRounds);
-  std::string record = fmt::format("{} {} ", name, capacity);
+  std::string record = fmt::format("{} {} {} {} ", name, capacity, ::getpid(),
+                                   reinterpret_cast<uintptr_t>(&kProbeWord));
   for (size_t i = 0; i < senders.size(); ++i) {
     std::byte* at = segment_->data() + ring_offset(i, capacity);
     peers_[senders[i]]->in = ShmRing::create(at, ShmRing::footprint(capacity), capacity);
@@ -112,12 +145,15 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   std::vector<std::string> keys;
   for (int s : senders) keys.push_back(key(s));
   std::vector<Bytes> records = store.multi_get(keys, timeout);
+  std::vector<uint64_t> probes(senders.size());
   for (size_t i = 0; i < senders.size(); ++i) {
     Peer& peer = *peers_[senders[i]];
     std::istringstream in(std::string(records[i].begin(), records[i].end()));
     std::string peer_name, list;
     size_t peer_capacity = 0;
-    in >> peer_name >> peer_capacity >> list;
+    uint64_t peer_probe = 0;
+    in >> peer_name >> peer_capacity >> peer.pid >> peer_probe >> list;
+    probes[i] = peer_probe;
     std::vector<int> peer_senders;
     std::istringstream items(list);
     for (std::string item; std::getline(items, item, ',');) {
@@ -144,13 +180,25 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
                                ShmRing::footprint(capacity));
   }
 
-  // 3. Acknowledge, then unlink once every peer has mapped this rank's segment.
-  for (int s : senders)
-    store.set(fmt::format("{}/{}/opened/{}", options_.key_prefix, s, rank_), {1});
+  // 3. Acknowledge, saying whether this rank can read the peer's memory (single copy), then
+  //    unlink once every peer has mapped this rank's segment.
+  for (size_t i = 0; i < senders.size(); ++i) {
+    uint8_t readable = 0;
+    if (options_.single_copy_bytes > 0) {
+      uint64_t word = 0;
+      readable = read_remote(peers_[senders[i]]->pid, &word, probes[i], sizeof(word)) == 0 &&
+                 word == kProbeWord;
+    }
+    store.set(fmt::format("{}/{}/opened/{}", options_.key_prefix, senders[i], rank_),
+              Bytes{1, readable});
+  }
   std::vector<std::string> acks;
   for (int s : senders)
     acks.push_back(fmt::format("{}/{}/opened/{}", options_.key_prefix, rank_, s));
-  store.wait(acks, timeout);
+  std::vector<Bytes> acked = store.multi_get(acks, timeout);
+  for (size_t i = 0; i < senders.size(); ++i) {
+    peers_[senders[i]]->single_copy = acked[i].size() == 2 && acked[i][1] == 1;
+  }
   segment_->unlink();
 }
 
@@ -209,6 +257,13 @@ collectives::Request ShmTransport::send(int peer, const void* data, size_t bytes
   if (op.finished) return {op.id};
   op.src = static_cast<const uint8_t*>(data);
   op.header = WireHeader{tag, bytes};
+  if (peers_[peer]->single_copy && options_.single_copy_bytes > 0 &&
+      bytes >= options_.single_copy_bytes) {
+    op.single_copy = true;
+    op.header.bytes |= kSingleCopyBit;
+    op.descriptor[0] = reinterpret_cast<uintptr_t>(data);
+    op.descriptor[1] = op.id;
+  }
   peers_[peer]->sends.push_back(&op);
   pump_writes(*peers_[peer]);  // small messages leave at once, as an eager send would
   return {op.id};
@@ -248,6 +303,8 @@ void ShmTransport::match_posted_recv(Peer& peer, Op& op) {
       fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
                      fmt::format("rank {} sent {} bytes with {} but the receive is of {}",
                                  peer.rank, it->size, tag_text(op.tag), op.bytes)));
+    } else if (it->single_copy) {
+      read_single_copy(peer, op, it->address);
     } else {
       deliver(op, reinterpret_cast<const std::byte*>(it->buffer.data.get()), it->got);
       if (arriving) {
@@ -256,9 +313,10 @@ void ShmTransport::match_posted_recv(Peer& peer, Op& op) {
         complete(op);
       }
     }
-    if (arriving) peer.in_unexpected = nullptr;  // on a mismatch: the rest is discarded
+    if (arriving) peer.in_unexpected = nullptr;          // on a mismatch: the rest is discarded
+    if (it->single_copy) send_ack(peer, it->sender_op);  // the sender may reuse its buffer now
     peer.unexpected_bytes -= it->charge;
-    pool_.release(std::move(it->buffer));
+    if (it->buffer.data) pool_.release(std::move(it->buffer));
     peer.unexpected.erase(it);
     return;
   }
@@ -339,6 +397,15 @@ bool ShmTransport::pump_writes(Peer& peer) {
       op.header_done = kHeaderBytes;
       moved = true;
     }
+    if (op.single_copy) {
+      // The descriptor goes whole (16 bytes, so it never straddles the wrap: see Wire).
+      if (peer.out->writable_bytes() < kDescriptorBytes) break;
+      peer.out->write_some(op.descriptor, kDescriptorBytes);
+      moved = true;
+      peer.sends.pop_front();
+      peer.awaiting_ack.push_back(&op);  // completes when the receiver has read the data
+      continue;
+    }
     while (op.done < op.bytes) {
       std::span<std::byte> span = peer.out->writable();
       if (span.empty()) break;
@@ -350,7 +417,7 @@ bool ShmTransport::pump_writes(Peer& peer) {
     }
     if (op.done < op.bytes) break;
     peer.sends.pop_front();
-    if (op.id == 0) {  // an orphan: withdrawn after a timeout, now fully written
+    if (op.id == 0) {  // an orphan (or an ack): withdrawn after a timeout, now fully written
       std::erase_if(peer.orphans, [&](const std::unique_ptr<Op>& o) { return o.get() == &op; });
     } else {
       complete(op);
@@ -367,12 +434,27 @@ bool ShmTransport::pump_reads(Peer& peer) {
       if (peer.in->readable_bytes() < kHeaderBytes) break;
       peer.in->read_some(&peer.in_header, kHeaderBytes);
       moved = true;
-      if (peer.in_header.bytes > kMaxMessageBytes) {
+      const bool single_copy = (peer.in_header.bytes & kSingleCopyBit) != 0;
+      const uint64_t bytes = peer.in_header.bytes & ~kSingleCopyBit;
+      if (bytes > kMaxMessageBytes || (peer.in_header.tag == kAckTag && bytes != kAckBytes)) {
         peer.corrupt = true;  // what follows in the ring is not a stream any more
         lose_peer(peer, fmt::format("sent a corrupt header ({} bytes)", peer.in_header.bytes));
         break;
       }
+      if (single_copy || peer.in_header.tag == kAckTag) {
+        peer.in_state = InState::Control;
+        continue;
+      }
       if (!start_payload(peer)) break;
+      continue;
+    }
+    if (peer.in_state == InState::Control) {
+      const size_t need = peer.in_header.tag == kAckTag ? kAckBytes : kDescriptorBytes;
+      if (peer.in->readable_bytes() < need) break;
+      peer.in->read_some(peer.in_control, need);
+      peer.in_state = InState::Header;
+      moved = true;
+      handle_control(peer);
       continue;
     }
     if (peer.in_state == InState::Paused) {
@@ -417,7 +499,10 @@ bool ShmTransport::has_news() {
       if (peer->out->writable_bytes() >= need) return true;
     }
     if (peer->in_state != InState::Paused) {
-      const size_t need = peer->in_state == InState::Header ? kHeaderBytes : 1;
+      const size_t need = peer->in_state == InState::Header ? kHeaderBytes
+                          : peer->in_state == InState::Control
+                              ? (peer->in_header.tag == kAckTag ? kAckBytes : kDescriptorBytes)
+                              : 1;
       if (peer->in->readable_bytes() >= need) return true;
     }
   }
@@ -454,6 +539,8 @@ void ShmTransport::wait(collectives::Request request, Clock::time_point deadline
       ops_.erase(it);
       throw timeout;
     }
+    // About to sleep: copy out what peers are waiting for us to read (see absorb_single_copy).
+    if (absorb_single_copy()) continue;
     bell_->wait([&] { return op.finished || has_news(); }, deadline, spin_budget_,
                 [&] { check_peers(true); });
   }
@@ -475,9 +562,133 @@ void ShmTransport::idle(Clock::time_point until) {
   handle_abort();
   if (progress()) return;
   check_peers(false);
+  if (absorb_single_copy()) return;
   const uint64_t losses = losses_;
   bell_->wait([&] { return losses_ != losses || has_news(); }, until, spin_budget_,
               [&] { check_peers(true); });
+}
+
+void ShmTransport::handle_control(Peer& peer) {
+  if (peer.in_header.tag == kAckTag) {
+    const uint64_t id = peer.in_control[0];
+    auto it = std::find_if(peer.awaiting_ack.begin(), peer.awaiting_ack.end(),
+                           [&](Op* op) { return op->descriptor[1] == id; });
+    if (it == peer.awaiting_ack.end()) return;  // withdrawn after its descriptor went out
+    Op& op = **it;
+    peer.awaiting_ack.erase(it);
+    if (op.id == 0) {  // an orphan that held a copy of a withdrawn send's data
+      std::erase_if(peer.orphans, [&](const std::unique_ptr<Op>& o) { return o.get() == &op; });
+    } else {
+      complete(op);
+    }
+    return;
+  }
+  const uint64_t bytes = peer.in_header.bytes & ~kSingleCopyBit;
+  const uint64_t address = peer.in_control[0];
+  const uint64_t sender_op = peer.in_control[1];
+  auto it = std::find_if(peer.recvs.begin(), peer.recvs.end(),
+                         [&](Op* op) { return op->tag == peer.in_header.tag; });
+  if (it == peer.recvs.end()) {
+    // Unexpected: keep only the descriptor; the data waits in the sender's memory.
+    Unexpected& message = peer.unexpected.emplace_back();
+    message.tag = peer.in_header.tag;
+    message.size = bytes;
+    message.got = bytes;
+    message.charge = 64;
+    message.single_copy = true;
+    message.address = address;
+    message.sender_op = sender_op;
+    peer.unexpected_bytes += message.charge;
+    return;
+  }
+  Op& op = **it;
+  peer.recvs.erase(it);
+  if (op.bytes != bytes) {
+    fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
+                   fmt::format("rank {} sent {} bytes with {} but the receive is of {}", peer.rank,
+                               bytes, tag_text(op.tag), op.bytes)));
+  } else {
+    read_single_copy(peer, op, address);
+  }
+  send_ack(peer, sender_op);
+}
+
+void ShmTransport::read_single_copy(Peer& peer, Op& op, uint64_t address) {
+  int err = 0;
+  if (op.kind == OpKind::Recv) {
+    err = read_remote(peer.pid, op.dst, address, op.bytes);
+  } else {
+    if (!staging_.data) staging_ = pool_.acquire(kSingleCopyPiece);
+    const size_t piece = kSingleCopyPiece / op.element * op.element;
+    for (size_t done = 0; done < op.bytes && err == 0; done += piece) {
+      const size_t n = std::min(piece, op.bytes - done);
+      err = read_remote(peer.pid, staging_.data.get(), address + done, n);
+      if (err == 0) {
+        reduce::accumulate(op.dst + done, staging_.data.get(), n / op.element, op.dtype,
+                           op.reduce_op);
+      }
+    }
+  }
+  if (err == 0) {
+    op.done = op.bytes;
+    complete(op);
+  } else if (err == ESRCH) {
+    fail(op,
+         error(ErrorCode::PeerLost, shm_op_name(op.kind),
+               fmt::format("rank {} is gone (process {} no longer exists)", peer.rank, peer.pid)));
+  } else if (err == EFAULT) {
+    // The sender gave the message up after waiting for it (its collective failed or it aborted)
+    // and freed the memory: for this rank, the peer is gone from the exchange.
+    fail(op, error(ErrorCode::PeerLost, shm_op_name(op.kind),
+                   fmt::format("rank {} withdrew a {}-byte message before it was read (it failed "
+                               "or aborted)",
+                               peer.rank, op.bytes)));
+  } else {
+    fail(op, error(ErrorCode::Io, shm_op_name(op.kind),
+                   fmt::format("reading {} bytes from rank {} (process {}) failed: {}", op.bytes,
+                               peer.rank, peer.pid, std::strerror(err))));
+  }
+}
+
+bool ShmTransport::absorb_single_copy() {
+  bool moved = false;
+  for (auto& peer : peers_) {
+    if (!peer || peer->lost) continue;
+    for (Unexpected& message : peer->unexpected) {
+      if (!message.single_copy) continue;
+      const size_t charge = unexpected_charge(message.size);
+      if (peer->unexpected_bytes - message.charge + charge > options_.unexpected_limit &&
+          peer->unexpected.size() > 1) {
+        continue;  // over the limit: the sender waits for the receive, as a paused ring would
+      }
+      detail::Buffer buffer = pool_.acquire(message.size);
+      if (read_remote(peer->pid, buffer.data.get(), message.address, message.size) != 0) {
+        pool_.release(std::move(buffer));
+        continue;  // the receive, once posted, reads it again and reports the error
+      }
+      peer->unexpected_bytes += charge - message.charge;
+      message.charge = charge;
+      message.buffer = std::move(buffer);
+      message.single_copy = false;
+      send_ack(*peer, message.sender_op);
+      moved = true;
+    }
+  }
+  return moved;
+}
+
+void ShmTransport::send_ack(Peer& peer, uint64_t sender_op) {
+  if (peer.lost) return;
+  auto ack = std::make_unique<Op>();  // id 0: internal, dropped once written (as an orphan)
+  ack->peer = peer.rank;
+  ack->header = WireHeader{kAckTag, kAckBytes};
+  ack->owned.resize(kAckBytes);
+  std::memcpy(ack->owned.data(), &sender_op, kAckBytes);
+  ack->src = ack->owned.data();
+  ack->bytes = kAckBytes;
+  peer.sends.push_back(ack.get());
+  peer.orphans.push_back(std::move(ack));
+  pump_writes(peer);
 }
 
 void ShmTransport::complete(Op& op) { op.finished = true; }

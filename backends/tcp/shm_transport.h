@@ -21,6 +21,18 @@
 // readable() into the destination, and no element (at most 8 bytes) is ever split across the
 // ring's wrap point. A message larger than the ring streams through it in pieces.
 //
+// Single copy. A message of at least Options::single_copy_bytes to a peer that can read this
+// process's memory (tested at setup: each rank reads a probe word from each peer with
+// process_vm_readv and says so in its acknowledgement) carries, instead of its payload, a
+// descriptor {address, request id} (the header's bytes field has its top bit set). The receiver
+// reads the data straight from the sender's buffer into the receive (recv_reduce: in L2-sized
+// pieces through a staging buffer, reducing each) and answers with an ack message (tag all ones,
+// the request id); the send completes on the ack. One copy instead of two, and no ring
+// round trips for the payload: this is what Open MPI's vader does with CMA. A descriptor that
+// arrives before its receive waits unread (the data stays with the sender) until the receive is
+// posted, or until this rank is about to sleep, when it is copied into a pooled buffer and
+// acknowledged, so that ranks that both send before they receive still complete.
+//
 // Matching follows transport.h: per peer, an arriving header is matched against the posted
 // receives from that peer in posting order; without one, the message is unexpected and copied
 // into a buffer from a pool (never allocated per message once warm), bounded per peer by
@@ -96,6 +108,9 @@ class ShmTransport final : public collectives::Transport {
     std::chrono::milliseconds timeout{0};
     // Processes sharing this host's cores, for the spin budget. 0: this rank and its peers here.
     int local_ranks = 0;
+    // Messages of at least this many bytes go by single copy (see Single copy above) to peers
+    // that can read this process's memory; 0: never.
+    size_t single_copy_bytes = 64 * 1024;
   };
 
   // Connects to the peers whose entry in `control` is a valid socket (indexed by rank; this
@@ -151,6 +166,17 @@ class ShmTransport final : public collectives::Transport {
   // Polls the control sockets (throttled to once per slice unless `now_please`).
   void check_peers(bool now_please);
   void lose_peer(Peer& peer, const std::string& why);
+  // Single copy: a descriptor or an ack has been read (peer.in_header, peer.in_control).
+  void handle_control(Peer& peer);
+  // Reads a single-copy message's data from the peer into the receive (or reduces it) and
+  // completes or fails the receive. The caller acknowledges.
+  void read_single_copy(Peer& peer, Op& op, uint64_t address);
+  void send_ack(Peer& peer, uint64_t sender_op);
+  // Copies the data of unexpected single-copy messages into pooled buffers (within the
+  // unexpected limit) and acknowledges them, so their senders complete; returns whether it did
+  // any. Called when this rank is about to sleep: a program that sends before it receives on both
+  // sides (legal with buffered sends) must not deadlock on single copy.
+  bool absorb_single_copy();
   void complete(Op& op);
   void fail(Op& op, Error error);
   void withdraw(Op& op);
@@ -167,6 +193,7 @@ class ShmTransport final : public collectives::Transport {
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // live requests by id
   uint64_t next_id_ = 1;
   detail::BufferPool pool_;
+  detail::Buffer staging_;  // recv_reduce of single-copy messages: read a piece, reduce it
   collectives::Clock::time_point next_liveness_check_{};
   uint64_t losses_ = 0;  // peers lost so far: wakes idle()
 

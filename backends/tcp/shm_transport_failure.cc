@@ -16,6 +16,11 @@ using collectives::Clock;
 using detail::OpKind;
 using detail::Unexpected;
 
+namespace {
+// How long withdrawing a single-copy send waits for the peer to have read it.
+constexpr std::chrono::seconds kWithdrawWait{2};
+}  // namespace
+
 void ShmTransport::check_peers(bool now_please) {
   const Clock::time_point now = Clock::now();
   if (!now_please && now < next_liveness_check_) return;
@@ -53,6 +58,10 @@ void ShmTransport::lose_peer(Peer& peer, const std::string& why) {
     if (op->id != 0) fail(*op, lost);
   }
   peer.sends.clear();
+  for (Op* op : peer.awaiting_ack) {
+    if (op->id != 0) fail(*op, lost);
+  }
+  peer.awaiting_ack.clear();
   peer.orphans.clear();
   for (Op* op : peer.recvs) fail(*op, lost);
   peer.recvs.clear();
@@ -71,10 +80,43 @@ void ShmTransport::lose_peer(Peer& peer, const std::string& why) {
 void ShmTransport::withdraw(Op& op) {
   Peer& peer = *peers_[op.peer];
   if (op.kind == OpKind::Send) {
+    // A single-copy send whose descriptor went out: the peer may read the caller's buffer at any
+    // time until it acknowledges, so keep the buffer borrowed until the ack comes, the peer is
+    // lost, or a short bound passes (a live peer reads it when it posts the receive, or copies
+    // it out before it sleeps). Past the bound the buffer is let go; a read after that gets
+    // garbage or EFAULT, which the peer reports as PeerLost.
+    if (std::find(peer.awaiting_ack.begin(), peer.awaiting_ack.end(), &op) !=
+        peer.awaiting_ack.end()) {
+      const Clock::time_point until = Clock::now() + kWithdrawWait;
+      while (!op.finished && !peer.lost && !aborted_.load() && Clock::now() < until) {
+        progress();
+        check_peers(false);
+        if (op.finished || peer.lost) break;
+        bell_->wait([&] { return op.finished || peer.lost || has_news(); }, until, spin_budget_,
+                    [&] { check_peers(true); });
+      }
+      std::erase(peer.awaiting_ack, &op);
+      return;
+    }
     auto it = std::find(peer.sends.begin(), peer.sends.end(), &op);
     if (it == peer.sends.end()) return;
     if (op.header_done == 0) {
       peer.sends.erase(it);
+      return;
+    }
+    if (op.single_copy) {
+      // The header is out, the descriptor not yet: send one pointing at a copy the orphan owns,
+      // kept until the peer acknowledges it.
+      auto orphan = std::make_unique<Op>();
+      orphan->peer = op.peer;
+      orphan->header = op.header;
+      orphan->header_done = op.header_done;
+      orphan->single_copy = true;
+      orphan->owned.assign(op.src, op.src + op.bytes);
+      orphan->descriptor[0] = reinterpret_cast<uintptr_t>(orphan->owned.data());
+      orphan->descriptor[1] = op.descriptor[1];
+      *it = orphan.get();
+      peer.orphans.push_back(std::move(orphan));
       return;
     }
     // Partly in the ring: the peer expects the rest, so finish it from a copy that the caller
@@ -127,6 +169,7 @@ void ShmTransport::handle_abort() {
   for (auto& peer : peers_) {
     if (!peer) continue;
     peer->sends.clear();
+    peer->awaiting_ack.clear();
     peer->recvs.clear();
     peer->orphans.clear();
     peer->in_op = nullptr;

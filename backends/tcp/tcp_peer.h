@@ -74,6 +74,10 @@ struct Op {
   bool finished = false;
   std::optional<Error> error;  // set when finished with a failure
   std::vector<uint8_t> owned;  // an orphaned send's copy of its unwritten payload
+  // ShmTransport single-copy sends: the payload on the wire is this descriptor {address, id};
+  // the receiver reads the data straight from src and acknowledges.
+  bool single_copy = false;
+  uint64_t descriptor[2] = {};
 };
 
 // A block of memory with its capacity.
@@ -112,6 +116,11 @@ struct Unexpected {
   size_t got = 0;
   size_t charge = 0;  // what it counts against the unexpected limit: its buffer plus bookkeeping
   Buffer buffer;      // at least size bytes, from the transport's BufferPool
+  // ShmTransport single-copy message: no buffer; the data stays at the sender's address until a
+  // receive reads it, and the sender's request `sender_op` waits for the acknowledgement.
+  bool single_copy = false;
+  uint64_t address = 0;
+  uint64_t sender_op = 0;
 };
 
 // Where the payload being read from a peer goes.
@@ -119,6 +128,7 @@ enum class InState : uint8_t {
   Header,   // reading a header
   Payload,  // reading a payload into in_op, in_unexpected, or nowhere (discard)
   Paused,   // a header is read but buffering its payload would pass the unexpected limit
+  Control,  // ShmTransport: reading a control payload (a single-copy descriptor, an ack)
 };
 
 // One connection and everything queued on it.
