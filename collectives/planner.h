@@ -11,6 +11,23 @@
 // measured ones once weft-perf runs on both transports (docs/benchmarks.md):
 //   shared memory: a ~ 1 us, 1/b ~ 4 GB/s  -> crossover ~ 32 KiB
 //   TCP and UCX:   a ~ 25 us, 1/b ~ 1 GB/s -> crossover ~ 256 KiB
+//
+// Halving-doubling (Rabenseifner, halving_doubling.h) is the mid-size candidate for all_reduce and
+// reduce_scatter; choose() does not pick it yet, pending measurements. When P is a power of two
+// it moves the ring's bytes, 2(P-1)/P * S, in 2 log2 P steps instead of 2(P-1): the model puts
+// it ahead of recursive doubling from
+//   S = a log2 P / (b (log2 P - 2(P-1)/P)),
+// about 2.4 a/b at P = 8 (below the 9 a/b above, which is recursive doubling against the ring),
+// and never behind the ring. The ring should still take the largest sizes, for what the model
+// leaves out: it pipelines segments across steps and talks only to its two neighbours. So for P a
+// power of two >= 4 all_reduce would run recursive doubling up to a lowered small-message
+// threshold, halving-doubling up to a large-message one, the ring beyond; both thresholds are for
+// weft-perf to find. At P = 2 it is the ring, step for step. For other P the fold costs the
+// 2(P - P') folded ranks two more steps and 2S more bytes, and the model leaves it little or no
+// range (none at P = 6: its crossover with the ring falls below the one with recursive doubling).
+// reduce_scatter, ring only today, would take it below a measured threshold likewise: log2 P
+// steps against P-1, the same bytes when P is a power of two.
+//
 // Every other op has one algorithm today (binomial trees for broadcast and reduce, linear gather
 // and scatter, pairwise all_to_all, dissemination barrier); the planner names it so that callers
 // dispatch through one place and a later alternative slots in here.
@@ -49,6 +66,7 @@ enum class Algorithm : uint8_t {
   Linear,             // "linear": gather_scatter.h
   Pairwise,           // "pairwise": pairwise.h
   Dissemination,      // "dissemination": dissemination.h
+  HalvingDoubling,    // "halving_doubling": halving_doubling.h
 };
 
 // Crossovers (bytes) from the model above; assumptions until measured.

@@ -288,6 +288,14 @@ Fingerprint fingerprint_of(const Collective& c, DType dtype) {
     case CollectiveKind::AllToAll:
       f.input_elements = f.output_elements = 0;  // splits differ legitimately per rank
       break;
+    case CollectiveKind::AllGather:  // this rank's block is counts[rank]: the hash compares counts
+      f.input_elements = 0;
+      f.output_elements = out;
+      break;
+    case CollectiveKind::ReduceScatter:
+      f.input_elements = in;
+      f.output_elements = 0;
+      break;
     default:
       f.input_elements = in;
       f.output_elements = out;

@@ -13,6 +13,7 @@
 #include "collectives/context.h"
 #include "collectives/dissemination.h"
 #include "collectives/gather_scatter.h"
+#include "collectives/halving_doubling.h"
 #include "collectives/pairwise.h"
 #include "collectives/recursive_doubling.h"
 #include "collectives/ring.h"
@@ -211,6 +212,8 @@ void TcpBackend::run_unchecked(const Collective& c, Clock::time_point deadline) 
           collectives::choose(Op::AllReduce, c.inputs[0].nbytes(), size, slowest_link_, forced);
       if (algorithm == Algorithm::RecursiveDoubling) {
         collectives::recursive_doubling_all_reduce(ctx, in(), out(), count, dtype, c.op);
+      } else if (algorithm == Algorithm::HalvingDoubling) {
+        collectives::halving_doubling_all_reduce(ctx, in(), out(), count, dtype, c.op);
       } else {
         collectives::ring_all_reduce(ctx, in(), out(), count, dtype, c.op);
       }
@@ -243,9 +246,16 @@ void TcpBackend::run_unchecked(const Collective& c, Clock::time_point deadline) 
       }
       return;
     }
-    case CollectiveKind::ReduceScatter:
-      collectives::ring_reduce_scatter(ctx, in(), out(), c.counts, dtype, c.op);
+    case CollectiveKind::ReduceScatter: {
+      Algorithm algorithm = collectives::choose(Op::ReduceScatter, c.inputs[0].nbytes(), size,
+                                                slowest_link_, forced);
+      if (algorithm == Algorithm::HalvingDoubling) {
+        collectives::halving_doubling_reduce_scatter(ctx, in(), out(), c.counts, dtype, c.op);
+      } else {
+        collectives::ring_reduce_scatter(ctx, in(), out(), c.counts, dtype, c.op);
+      }
       return;
+    }
     case CollectiveKind::Gather:
       collectives::linear_gather(ctx, in(), rank == c.root ? out() : nullptr, c.inputs[0].count,
                                  dtype, c.root);

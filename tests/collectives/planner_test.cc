@@ -49,25 +49,48 @@ TEST_CASE("a forced algorithm applies where it implements the op and is ignored 
   CHECK(choose(Op::AllReduce, 16, 8, Link::Tcp, "") == Algorithm::RecursiveDoubling);
 }
 
+TEST_CASE("halving_doubling implements all_reduce and reduce_scatter and applies when forced",
+          "[collectives][planner]") {
+  CHECK(supports(Op::AllReduce, Algorithm::HalvingDoubling));
+  CHECK(supports(Op::ReduceScatter, Algorithm::HalvingDoubling));
+  for (Op op : {Op::AllGather, Op::AllGatherUneven, Op::Broadcast, Op::Reduce, Op::Gather,
+                Op::Scatter, Op::AllToAll, Op::Barrier}) {
+    INFO(op_name(op));
+    CHECK_FALSE(supports(op, Algorithm::HalvingDoubling));
+  }
+  CHECK(choose(Op::AllReduce, 16, 8, Link::Tcp, "halving_doubling") == Algorithm::HalvingDoubling);
+  CHECK(choose(Op::AllReduce, 1 << 30, 6, Link::SharedMemory, "halving_doubling") ==
+        Algorithm::HalvingDoubling);
+  CHECK(choose(Op::ReduceScatter, 16, 5, Link::Tcp, "halving_doubling") ==
+        Algorithm::HalvingDoubling);
+  // Ignored where it does not apply: one variable can force it for the collective under test.
+  CHECK(choose(Op::AllGather, 1 << 30, 8, Link::Tcp, "halving_doubling") == Algorithm::Ring);
+  CHECK(choose(Op::Barrier, 0, 8, Link::Tcp, "halving_doubling") == Algorithm::Dissemination);
+  CHECK(choose(Op::ReduceScatter, 16, 5, Link::Tcp, "ring") == Algorithm::Ring);
+}
+
 TEST_CASE("an unknown forced algorithm throws InvalidArgument listing the valid names",
           "[collectives][planner]") {
   try {
-    choose(Op::AllReduce, 16, 8, Link::Tcp, "halving_doubling");
+    choose(Op::AllReduce, 16, 8, Link::Tcp, "rabenseifner");
     FAIL("accepted an unknown algorithm");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::InvalidArgument);
-    CHECK_THAT(std::string(e.what()),
-               Catch::Contains("halving_doubling") && Catch::Contains("recursive_doubling"));
+    CHECK_THAT(std::string(e.what()), Catch::Contains("rabenseifner") &&
+                                          Catch::Contains("recursive_doubling") &&
+                                          Catch::Contains("halving_doubling"));
   }
 }
 
 TEST_CASE("algorithm names round-trip through parse_algorithm", "[collectives][planner]") {
-  for (Algorithm a :
-       {Algorithm::Auto, Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Bruck,
-        Algorithm::Tree, Algorithm::Linear, Algorithm::Pairwise, Algorithm::Dissemination}) {
+  for (Algorithm a : {Algorithm::Auto, Algorithm::Ring, Algorithm::RecursiveDoubling,
+                      Algorithm::Bruck, Algorithm::Tree, Algorithm::Linear, Algorithm::Pairwise,
+                      Algorithm::Dissemination, Algorithm::HalvingDoubling}) {
     CHECK(parse_algorithm(algorithm_name(a)) == a);
   }
+  CHECK(algorithm_name(Algorithm::HalvingDoubling) == "halving_doubling");
   CHECK_FALSE(parse_algorithm("Ring").has_value());
+  CHECK_FALSE(parse_algorithm("halving-doubling").has_value());
   CHECK(op_name(Op::AllToAll) == "all_to_all");
 }
 
