@@ -323,6 +323,39 @@ size_t elements_of(const Collective& c) {
   return n;
 }
 
+// A scattered input list copied, back to back, into a pooled buffer (at the call: the caller may
+// not change inputs before the Work completes anyway). Returns the lease and the tensor over it.
+std::pair<BufferPool::Lease, Tensor> stage_in(BufferPool& pool, const std::vector<Tensor>& list,
+                                              const Tensor& like) {
+  const size_t element = dtype_size(like.dtype);
+  size_t total = 0;
+  for (const Tensor& t : list) total += t.count;
+  BufferPool::Lease lease = pool.acquire(total * element);
+  char* to = static_cast<char*>(lease.get());
+  for (const Tensor& t : list) {
+    if (t.count > 0) std::memcpy(to, t.data, t.count * element);
+    to += t.count * element;
+  }
+  return {lease, Tensor{lease.get(), total, like.dtype, like.device}};
+}
+
+// A pooled buffer for a scattered output list, and the epilogue that copies it out.
+std::pair<Tensor, Epilogue> stage_out(BufferPool& pool, const std::vector<Tensor>& list,
+                                      const Tensor& like) {
+  const size_t element = dtype_size(like.dtype);
+  size_t total = 0;
+  for (const Tensor& t : list) total += t.count;
+  BufferPool::Lease lease = pool.acquire(total * element);
+  Tensor staged{lease.get(), total, like.dtype, like.device};
+  return {staged, [lease, list, element] {
+            const char* from = static_cast<const char*>(lease.get());
+            for (const Tensor& t : list) {
+              if (t.count > 0) std::memcpy(t.data, from, t.count * element);
+              from += t.count * element;
+            }
+          }};
+}
+
 // A Work that completes when `inner` does, after `epilogue` ran (on inner's completing thread).
 std::shared_ptr<Work> chain(const std::shared_ptr<Work>& inner, const ErrorContext& context,
                             std::chrono::milliseconds timeout, Epilogue epilogue) {
@@ -554,17 +587,9 @@ std::shared_ptr<Work> ProcessGroup::all_gather(std::vector<Tensor> outputs, Tens
     c.outputs = {*whole};
     return Submit{*state_}(std::move(c));
   }
-  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  const size_t element = dtype_size(input.dtype);
-  BufferPool::Lease lease = state_->staging->acquire(total * element);
-  c.outputs = {Tensor{lease.get(), total, input.dtype, input.device}};
-  return Submit{*state_}(std::move(c), [lease, outputs, element] {
-    const char* from = static_cast<const char*>(lease.get());
-    for (const Tensor& t : outputs) {
-      if (t.count > 0) std::memcpy(t.data, from, t.count * element);
-      from += t.count * element;
-    }
-  });
+  auto [staged, copy_out] = stage_out(*state_->staging, outputs, input);
+  c.outputs = {staged};
+  return Submit{*state_}(std::move(c), std::move(copy_out));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(Tensor output, Tensor input) {
@@ -620,16 +645,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor output, std::vector<Te
     c.inputs = {*whole};
     return Submit{*state_}(std::move(c));
   }
-  // Staged at the call: the inputs are read now, which the caller may rely on no later than the
-  // Work's completion anyway.
-  const size_t element = dtype_size(output.dtype);
-  BufferPool::Lease lease = state_->staging->acquire(output.count * size() * element);
-  char* to = static_cast<char*>(lease.get());
-  for (const Tensor& t : inputs) {
-    if (t.count > 0) std::memcpy(to, t.data, t.count * element);
-    to += t.count * element;
-  }
-  c.inputs = {Tensor{lease.get(), output.count * size(), output.dtype, output.device}};
+  auto [lease, staged] = stage_in(*state_->staging, inputs, output);
+  c.inputs = {staged};
   return Submit{*state_}(std::move(c), [lease] {});
 }
 
@@ -697,16 +714,9 @@ std::shared_ptr<Work> ProcessGroup::gather(std::vector<Tensor> outputs, Tensor i
     c.outputs = {*whole};
     return Submit{*state_}(std::move(c));
   }
-  const size_t element = dtype_size(input.dtype);
-  BufferPool::Lease lease = state_->staging->acquire(input.count * size() * element);
-  c.outputs = {Tensor{lease.get(), input.count * size(), input.dtype, input.device}};
-  return Submit{*state_}(std::move(c), [lease, outputs, element] {
-    const char* from = static_cast<const char*>(lease.get());
-    for (const Tensor& t : outputs) {
-      if (t.count > 0) std::memcpy(t.data, from, t.count * element);
-      from += t.count * element;
-    }
-  });
+  auto [staged, copy_out] = stage_out(*state_->staging, outputs, input);
+  c.outputs = {staged};
+  return Submit{*state_}(std::move(c), std::move(copy_out));
 }
 
 std::shared_ptr<Work> ProcessGroup::gather_into_tensor(Tensor output, Tensor input, int root) {
@@ -749,14 +759,8 @@ std::shared_ptr<Work> ProcessGroup::scatter(Tensor output, std::vector<Tensor> i
     c.inputs = {*whole};
     return Submit{*state_}(std::move(c));
   }
-  const size_t element = dtype_size(output.dtype);
-  BufferPool::Lease lease = state_->staging->acquire(output.count * size() * element);
-  char* to = static_cast<char*>(lease.get());
-  for (const Tensor& t : inputs) {
-    if (t.count > 0) std::memcpy(to, t.data, t.count * element);
-    to += t.count * element;
-  }
-  c.inputs = {Tensor{lease.get(), output.count * size(), output.dtype, output.device}};
+  auto [lease, staged] = stage_in(*state_->staging, inputs, output);
+  c.inputs = {staged};
   return Submit{*state_}(std::move(c), [lease] {});
 }
 
