@@ -360,6 +360,10 @@ std::pair<Tensor, Epilogue> stage_out(BufferPool& pool, const std::vector<Tensor
 std::shared_ptr<Work> chain(const std::shared_ptr<Work>& inner, const ErrorContext& context,
                             std::chrono::milliseconds timeout, Epilogue epilogue) {
   auto outer = std::make_shared<Work>(context, timeout);
+  // Waiting for the outer Work may run the inner one on the waiting thread, as for any other.
+  if (inner->wait_helper()) {
+    outer->set_wait_helper([inner, helper = inner->wait_helper()] { helper(); });
+  }
   inner->on_complete([outer, epilogue = std::move(epilogue)](const Work& done) {
     if (std::exception_ptr error = done.exception()) {
       outer->fail(error);

@@ -101,7 +101,8 @@ ProgressThread::~ProgressThread() {
   thread_.join();
 }
 
-std::shared_ptr<Work> ProgressThread::submit(ErrorContext context, std::function<void()> task) {
+std::shared_ptr<Work> ProgressThread::submit(ErrorContext context, std::function<void()> task,
+                                             bool defer) {
   WEFT_CHECK(task != nullptr, "submit needs a task");
   auto work = std::make_shared<Work>(std::move(context), work_timeout_);
   std::weak_ptr<HelperLink> link = helper_link_;
@@ -115,12 +116,23 @@ std::shared_ptr<Work> ProgressThread::submit(ErrorContext context, std::function
       std::unique_lock<std::mutex> link_lock(held->mutex, std::try_to_lock);
       if (link_lock.owns_lock() && held->owner != nullptr) held->owner->run_inline(raw);
     });
+  defer = defer && caller_runs_;
   std::string reason;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!aborted_) {
-      queue_.push_back(Task{work, std::move(task)});
-      task_cv_.notify_one();
+      const Clock::time_point now = Clock::now();
+      if (defer) {
+        queue_.push_back(Task{work, std::move(task), now + kDeferral});
+        hot_until_ = now + kHotPeriod;
+        // A hot thread looks at the queue within kDeferral anyway: no wake-up.
+        if (sleep_ == Sleep::UntilNotified) task_cv_.notify_one();
+      } else {
+        // Urgent: whatever is queued ahead must start now too.
+        for (Task& queued : queue_) queued.not_before = Clock::time_point::min();
+        queue_.push_back(Task{work, std::move(task)});
+        if (sleep_ != Sleep::Awake) task_cv_.notify_one();
+      }
       return work;
     }
     reason = abort_reason_;
@@ -179,24 +191,36 @@ size_t ProgressThread::pending() const {
 void ProgressThread::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    // A task run inline by a waiting caller holds running_: wait for it to finish.
-    task_cv_.wait(lock, [this] { return stopping_ || (!queue_.empty() && running_ == nullptr); });
-    if (queue_.empty()) break;
-    if (running_ != nullptr) {
-      idle_cv_.wait(lock, [this] { return running_ == nullptr; });
-      continue;
+    if (stopping_ && queue_.empty()) break;
+    const Clock::time_point now = Clock::now();
+    // A task run inline by a waiting caller holds running_: nothing starts until it ends.
+    if (!queue_.empty() && running_ == nullptr) {
+      const Clock::time_point start_at = queue_.front().not_before;
+      if (start_at <= now || stopping_) {
+        Task task = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = task.work.get();
+        lock.unlock();
+        run_task(task);
+        // Drop what the task captured before the next one starts, so that its buffers are not
+        // kept alive for the length of an unrelated collective.
+        task.run = nullptr;
+        lock.lock();
+        running_ = nullptr;
+        if (queue_.empty()) idle_cv_.notify_all();
+        continue;
+      }
+      // Deferred: give a waiting caller until start_at to claim it.
+      sleep_ = Sleep::Timed;
+      task_cv_.wait_until(lock, start_at);
+    } else if (now < hot_until_) {
+      sleep_ = Sleep::Timed;
+      task_cv_.wait_until(lock, std::min(hot_until_, now + kDeferral));
+    } else {
+      sleep_ = Sleep::UntilNotified;
+      task_cv_.wait(lock);
     }
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
-    running_ = task.work.get();
-    lock.unlock();
-    run_task(task);
-    // Drop what the task captured before the next one starts, so that its buffers are not kept
-    // alive for the length of an unrelated collective.
-    task.run = nullptr;
-    lock.lock();
-    running_ = nullptr;
-    if (queue_.empty()) idle_cv_.notify_all();
+    sleep_ = Sleep::Awake;
   }
   exited_ = true;
   idle_cv_.notify_all();
@@ -204,21 +228,30 @@ void ProgressThread::loop() {
 
 void ProgressThread::run_inline(const Work* work) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (aborted_ || running_ != nullptr || queue_.empty() || queue_.front().work.get() != work) {
-    return;
+  if (aborted_ || running_ != nullptr) return;
+  // Claim `work` and the deferred tasks ahead of it; anything else ahead is the thread's to run.
+  size_t claim = 0;
+  while (claim < queue_.size() && queue_[claim].work.get() != work) {
+    if (queue_[claim].not_before == Clock::time_point::min()) return;
+    ++claim;
   }
-  Task task = std::move(queue_.front());
-  queue_.pop_front();
-  running_ = task.work.get();
-  lock.unlock();
-  run_task(task);
-  task.run = nullptr;
-  lock.lock();
-  running_ = nullptr;
-  // The progress thread may be waiting for this run to end (queued work) or the destructor for
-  // the queue to drain.
-  idle_cv_.notify_all();
-  if (!queue_.empty()) task_cv_.notify_one();
+  if (claim == queue_.size()) return;
+  for (size_t i = 0; i <= claim && !aborted_ && !queue_.empty(); ++i) {
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = task.work.get();
+    lock.unlock();
+    run_task(task);
+    task.run = nullptr;
+    lock.lock();
+    running_ = nullptr;
+  }
+  // The destructor may be waiting for the queue to drain, the thread for queued work.
+  if (queue_.empty()) {
+    idle_cv_.notify_all();
+  } else if (sleep_ != Sleep::Awake) {
+    task_cv_.notify_one();
+  }
 }
 
 void ProgressThread::run_task(Task& task) {

@@ -47,6 +47,16 @@ namespace weft {
 // only when none runs); the task sees no difference but the thread, and its Work's callbacks run on
 // the caller.
 //
+// Deferred start (caller-runs threads only): a task submitted with `defer` (a backend does so
+// for small collectives, whose latency two thread wake-ups would double) does not wake the
+// thread; the thread starts it at most kDeferral after its submission if no caller has claimed it
+// by then. A caller that waits for a deferred task claims it and the deferred tasks queued ahead
+// of it, and runs them in order on its own thread: a small collective then costs no wake-up at
+// all. So that a deferred submission needs no wake-up, the thread stays "hot" for kHotPeriod
+// after one: it sleeps in timed slices of kDeferral instead of until notified, and looks at the
+// queue when each ends. A task submitted without `defer` wakes the thread at once and ends the
+// deferral of the tasks queued ahead of it. Deferral changes when a task starts, never the order.
+//
 // A task must not wait() for the Work of a task submitted after it: that task cannot start
 // before this one returns, so the wait can only time out.
 //
@@ -65,6 +75,12 @@ class ProgressThread {
   // `caller_runs` enables running a waited-for task on the waiting thread (see the class comment):
   // only for tasks that honour their own deadline, because a caller running a task inline cannot
   // give up at its wait()'s timeout (a wait with a timeout shorter than the Work's never helps).
+  // The longest a deferred task waits for a caller to claim it before the thread starts it.
+  static constexpr std::chrono::microseconds kDeferral{1000};
+  // How long the thread polls its queue every kDeferral after a deferred submission, instead of
+  // sleeping until notified.
+  static constexpr std::chrono::milliseconds kHotPeriod{50};
+
   ProgressThread(std::string name, std::chrono::milliseconds drain_timeout,
                  std::chrono::milliseconds work_timeout = Work::kDefaultTimeout,
                  bool caller_runs = false);
@@ -77,8 +93,10 @@ class ProgressThread {
   // Queues `task` to run after every task submitted before it and returns its pending Work, whose
   // context is `context` (errors about the task start with context.describe()). After abort()
   // the task is dropped and the Work returned has already failed with Error(Aborted).
+  // `defer` asks for a deferred start (see the class comment; ignored unless caller_runs).
   // REQUIRES: task is not empty.
-  std::shared_ptr<Work> submit(ErrorContext context, std::function<void()> task);
+  std::shared_ptr<Work> submit(ErrorContext context, std::function<void()> task,
+                               bool defer = false);
 
   // Installs what abort() calls to unblock a running task, e.g. the transport's abort(). Called
   // at most once, on the aborting thread, without any lock held; what it throws is logged.
@@ -96,15 +114,21 @@ class ProgressThread {
   size_t pending() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Task {
     std::shared_ptr<Work> work;
     std::function<void()> run;
+    // Deferred tasks only: when the thread may start it unclaimed; min() for the others.
+    Clock::time_point not_before = Clock::time_point::min();
   };
+  // What the thread does while it holds no task: mutex_ held to read or write it.
+  enum class Sleep { Awake, Timed, UntilNotified };
 
   // The thread's body: pops and runs tasks until stopping_ with an empty queue.
   void loop();
-  // Runs `work`'s task on the calling thread when it is first in the queue and no task runs;
-  // otherwise does nothing. Called by Work::wait() through the wait helper.
+  // Runs `work`'s task on the calling thread when no task runs and it is first in the queue, or
+  // only deferred tasks are queued ahead of it (those run first, in order); otherwise does
+  // nothing. Called by Work::wait() through the wait helper.
   void run_inline(const Work* work);
 
   // What the wait helpers of this thread's Works hold: the thread while it lives. A helper locks
@@ -129,6 +153,8 @@ class ProgressThread {
   // Wakes the destructor: the queue emptied with no task running, or the thread exited.
   std::condition_variable idle_cv_;
   std::deque<Task> queue_;            // guarded by mutex_
+  Sleep sleep_ = Sleep::Awake;        // guarded by mutex_
+  Clock::time_point hot_until_{};     // guarded by mutex_; see kHotPeriod
   const Work* running_ = nullptr;     // guarded by mutex_; the task being run, for messages
   bool aborted_ = false;              // guarded by mutex_
   std::string abort_reason_;          // guarded by mutex_; set with aborted_

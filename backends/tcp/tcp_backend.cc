@@ -35,6 +35,20 @@ constexpr collectives::Tag kPointToPointBit = uint64_t{1} << 63;
 // The group store key where the first rank to see a failure says what it saw.
 constexpr const char* kFailureKey = "tcp/failure";
 
+// Collectives moving at most this many bytes per rank start deferred (ProgressThread): a caller
+// that waits for one runs it without waking the progress thread, whose two wake-ups would
+// otherwise double its latency. Above it, the transfer dwarfs a wake-up, and starting at once on
+// the progress thread gives the caller the most overlap.
+constexpr size_t kDeferBytes = 64 * 1024;
+
+size_t bytes_moved(const Collective& collective) {
+  size_t in = 0;
+  size_t out = 0;
+  for (const Tensor& t : collective.inputs) in += t.nbytes();
+  for (const Tensor& t : collective.outputs) out += t.nbytes();
+  return std::max(in, out);
+}
+
 bool all_equal(const std::vector<size_t>& counts) {
   return std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
 }
@@ -101,21 +115,45 @@ TcpBackend::~TcpBackend() {
 }
 
 std::shared_ptr<Work> TcpBackend::post(Collective collective, ErrorContext context) {
+  const bool defer = bytes_moved(collective) <= kDeferBytes;
   auto task = [this, collective = std::move(collective), context] { run(collective, context); };
-  return thread_->submit(std::move(context), std::move(task));
+  return thread_->submit(std::move(context), std::move(task), defer);
 }
 
 std::shared_ptr<Work> TcpBackend::post_coalesced(std::vector<Collective> collectives,
                                                  ErrorContext context) {
+  size_t bytes = 0;
+  for (const Collective& collective : collectives) bytes += bytes_moved(collective);
+  const bool defer = bytes <= kDeferBytes;
   auto task = [this, collectives = std::move(collectives), context] {
-    for (const Collective& collective : collectives) {
-      ErrorContext one = context;
-      one.op = std::string(collective_name(collective.kind));
-      one.seq = collective.seq;
-      run(collective, one);
+    auto is_p2p = [](const Collective& c) {
+      return c.kind == CollectiveKind::Send || c.kind == CollectiveKind::Recv;
+    };
+    for (size_t i = 0; i < collectives.size();) {
+      if (!is_p2p(collectives[i])) {
+        ErrorContext one = context;
+        one.op = std::string(collective_name(collectives[i].kind));
+        one.seq = collectives[i].seq;
+        run(collectives[i], one);
+        ++i;
+        continue;
+      }
+      // A run of sends and receives is posted all at once, then waited for: each rank may
+      // order them as it likes (both receiving first is the usual exchange), as in NCCL's groups.
+      size_t end = i;
+      while (end < collectives.size() && is_p2p(collectives[end])) ++end;
+      ErrorContext batch = context;
+      batch.op = end - i == 1 ? std::string(collective_name(collectives[i].kind)) : "send/recv";
+      guarded(batch, [&](Clock::time_point deadline) {
+        std::vector<collectives::Request> requests;
+        requests.reserve(end - i);
+        for (size_t k = i; k < end; ++k) requests.push_back(post_p2p(collectives[k]));
+        for (collectives::Request request : requests) transport_->wait(request, deadline);
+      });
+      i = end;
     }
   };
-  return thread_->submit(std::move(context), std::move(task));
+  return thread_->submit(std::move(context), std::move(task), defer);
 }
 
 void TcpBackend::abort(const std::string& reason) {
@@ -127,10 +165,15 @@ void TcpBackend::abort(const std::string& reason) {
 }
 
 void TcpBackend::run(const Collective& collective, const ErrorContext& context) {
+  guarded(context, [&](Clock::time_point deadline) { run_unchecked(collective, deadline); });
+}
+
+void TcpBackend::guarded(const ErrorContext& context,
+                         const std::function<void(Clock::time_point)>& body) {
   if (broken_) std::rethrow_exception(broken_);
   const Clock::time_point deadline = Clock::now() + options_.timeout;
   try {
-    run_unchecked(collective, deadline);
+    body(deadline);
   } catch (const Error& error) {
     // Every error leaves with the collective's context in front: rank, group, op, #seq.
     std::string detail = error.what();
@@ -247,8 +290,8 @@ void TcpBackend::run_unchecked(const Collective& c, Clock::time_point deadline) 
       return;
     }
     case CollectiveKind::ReduceScatter: {
-      Algorithm algorithm = collectives::choose(Op::ReduceScatter, c.inputs[0].nbytes(), size,
-                                                slowest_link_, forced);
+      Algorithm algorithm =
+          collectives::choose(Op::ReduceScatter, c.inputs[0].nbytes(), size, slowest_link_, forced);
       if (algorithm == Algorithm::HalvingDoubling) {
         collectives::halving_doubling_reduce_scatter(ctx, in(), out(), c.counts, dtype, c.op);
       } else {
@@ -275,21 +318,22 @@ void TcpBackend::run_unchecked(const Collective& c, Clock::time_point deadline) 
     case CollectiveKind::Barrier:
       collectives::dissemination_barrier(ctx);
       return;
-    case CollectiveKind::Send: {
-      collectives::Request request =
-          transport_->send(c.peer, in(), c.inputs[0].nbytes(), kPointToPointBit | c.tag);
-      transport_->wait(request, deadline);
+    case CollectiveKind::Send:
+    case CollectiveKind::Recv:
+      transport_->wait(post_p2p(c), deadline);
       return;
-    }
-    case CollectiveKind::Recv: {
-      collectives::Request request =
-          transport_->recv(c.peer, out(), c.outputs[0].nbytes(), kPointToPointBit | c.tag);
-      transport_->wait(request, deadline);
-      return;
-    }
   }
   throw Error(ErrorCode::Unsupported,
               fmt::format("tcp backend: unknown collective kind {}", static_cast<int>(c.kind)));
+}
+
+collectives::Request TcpBackend::post_p2p(const Collective& c) {
+  if (c.kind == CollectiveKind::Send) {
+    return transport_->send(c.peer, c.inputs.at(0).data, c.inputs[0].nbytes(),
+                            kPointToPointBit | c.tag);
+  }
+  return transport_->recv(c.peer, c.outputs.at(0).data, c.outputs[0].nbytes(),
+                          kPointToPointBit | c.tag);
 }
 
 namespace {

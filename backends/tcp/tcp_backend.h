@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,7 +53,13 @@ class TcpBackend final : public Backend {
  private:
   // Runs one collective on the progress thread; throws weft::Error.
   void run(const Collective& collective, const ErrorContext& context);
+  // Runs `body` against the group's deadline and gives what it throws the context: rank, group,
+  // op, #seq; a PeerLost, Timeout or Protocol error breaks the group.
+  void guarded(const ErrorContext& context,
+               const std::function<void(collectives::Clock::time_point)>& body);
   void run_unchecked(const Collective& collective, collectives::Clock::time_point deadline);
+  // Posts a Send or Recv on the transport, tagged apart from the collectives' tags.
+  collectives::Request post_p2p(const Collective& collective);
   // After a failure: record it, abort the transport, remember it for later collectives.
   void break_group(const ErrorContext& context, std::exception_ptr error);
   // The message a second-hand PeerLost should carry, naming the first lost rank when known.

@@ -122,6 +122,8 @@ class Work {
   // at least the Work's own (an inline run cannot stop at a shorter one). Set it before the Work
   // is shared.
   void set_wait_helper(std::function<void()> helper) { wait_helper_ = std::move(helper); }
+  // The helper set above (empty if none): a Work that completes after another one forwards it.
+  const std::function<void()>& wait_helper() const { return wait_helper_; }
 
  private:
   enum class State { Pending, Succeeded, Failed };

@@ -1633,6 +1633,30 @@ void check_coalesced(Rank& r, const Variant& v, size_t n) {
   }
 }
 
+// Every rank receives from both neighbours before it sends to them, in one coalesced unit: legal
+// in a group (NCCL's batch_isend_irecv), a deadlock if the sends and receives ran one by one.
+void check_coalesced_receives_first(Rank& r, const Variant& v, size_t n) {
+  const int p = v.pg->size();
+  const int next = (v.pg->rank() + 1) % p;
+  const int prev = (v.pg->rank() + p - 1) % p;
+  const std::string where = r.where(v, "coalesced recv before send", DType::Int32, "-", n);
+  const uint64_t salt = r.salt();
+  Buffer from_prev(DType::Int32, n), from_next(DType::Int32, n);
+  Buffer to_next(DType::Int32, n), to_prev(DType::Int32, n);
+  to_next.fill([&](size_t i) { return pattern(DType::Int32, salt, v.pg->rank(), i, 1); });
+  to_prev.fill([&](size_t i) { return pattern(DType::Int32, salt, v.pg->rank(), i, 2); });
+  v.pg->start_coalescing();
+  v.pg->recv(from_prev.tensor(), prev, 21);
+  v.pg->recv(from_next.tensor(), next, 22);
+  v.pg->send(to_next.tensor(), next, 21);
+  v.pg->send(to_prev.tensor(), prev, 22);
+  wait_for(v.pg->end_coalescing(), where);
+  r.report.expect(where, "from the previous rank", from_prev,
+                  [&](size_t i) { return pattern(DType::Int32, salt, prev, i, 1); });
+  r.report.expect(where, "from the next rank", from_next,
+                  [&](size_t i) { return pattern(DType::Int32, salt, next, i, 2); });
+}
+
 TEST_CASE("send/recv match by peer and tag in posting order; coalesced units complete together",
           "[conformance][p2p]") {
   for (int size : world_sizes()) {
@@ -1662,6 +1686,10 @@ TEST_CASE("send/recv match by peer and tag in posting order; coalesced units com
       }
       for (const Variant* v : pick(r, {"ring"})) {
         check_coalesced(r, *v, large_count(DType::Float32) / 4);
+        if (r.size > 1) {
+          check_coalesced_receives_first(r, *v, 5);
+          check_coalesced_receives_first(r, *v, large_count(DType::Int32));
+        }
       }
     });
   }
