@@ -161,7 +161,9 @@ class ProcessGroup {
 
   // Point to point, matched by (peer, tag) in posting order: rank a's send(t, b, tag) pairs with
   // rank b's recv(u, a, tag); u.count must equal t.count. They run in issue order with the group's
-  // collectives, on the same thread.
+  // collectives, on the same thread. Tags go up to 2^62 - 1 (the backends keep the bits above for
+  // themselves); a larger one is InvalidArgument. Inside a coalesced unit, sends and receives are
+  // posted together, so each rank may order them as it likes (both receiving first is fine).
   std::shared_ptr<Work> send(Tensor tensor, int dst, uint64_t tag = 0);
   std::shared_ptr<Work> recv(Tensor tensor, int src, uint64_t tag = 0);
 
