@@ -365,8 +365,8 @@ TEST_CASE("four processes streaming around a ring on two cores, all blocking, fi
       30s);
   auto seconds = std::chrono::duration<double>(test::Clock::now() - start).count();
   // Each rank moves 32 MiB (16 out, 16 in, generated and checked byte by byte): about 1 s of
-  // CPU in all on two cores. A lost wake-up would cost a 50 ms slice per stall and show here.
-  CHECK(seconds < 8.0);
+  // CPU in all on two cores. pump() sleeps in hour-long slices, so a lost wake-up fails it at its
+  // deadline; the time is reported, not asserted (under TSan it is 8x longer).
   WARN("four ranks, 16 MiB each around the ring: " << seconds << " s");
 }
 
