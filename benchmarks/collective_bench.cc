@@ -178,10 +178,23 @@ int main(int argc, char** argv) {
       bench.fill();
       for (int i = 0; i < warmup; ++i) bench.issue()->wait();
       pg->barrier()->wait();
+      // Each iteration timed too, for the spread (this rank's view): small collectives on a
+      // shared machine are often bimodal, and the mean alone hides it.
+      std::vector<double> each_us(static_cast<size_t>(std::max(iters, 1)));
       const auto start = Clock::now();
-      for (int i = 0; i < iters; ++i) bench.issue()->wait();
+      auto last = start;
+      for (int i = 0; i < iters; ++i) {
+        bench.issue()->wait();
+        const auto now = Clock::now();
+        each_us[i] = std::chrono::duration<double, std::micro>(now - last).count();
+        last = now;
+      }
       double mean_us =
           std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
+      std::sort(each_us.begin(), each_us.begin() + std::max(iters, 1));
+      auto percentile = [&](double q) {
+        return each_us[std::min<size_t>(static_cast<size_t>(q * iters), iters - 1)];
+      };
       // The slowest rank's time is the collective's.
       pg->all_reduce(weft::Tensor::of(&mean_us, 1), weft::ReduceOp::Max)->wait();
       int64_t wrong = 0;
@@ -195,9 +208,10 @@ int main(int argc, char** argv) {
       const double algbw = op == "barrier" ? 0 : real_bytes / (mean_us * 1e-6) / 1e9;
       if (pg->rank() == 0) {
         std::printf(
-            "peer=weft op=%s ranks=%d bytes=%zu time_us=%.2f algbw=%.2f busbw=%.2f wrong=%lld\n",
+            "peer=weft op=%s ranks=%d bytes=%zu time_us=%.2f algbw=%.2f busbw=%.2f wrong=%lld "
+            "p50_us=%.2f p99_us=%.2f\n",
             op.c_str(), p, real_bytes, mean_us, algbw, algbw * bus_factor(op, p),
-            static_cast<long long>(wrong));
+            static_cast<long long>(wrong), percentile(0.5), percentile(0.99));
         std::fflush(stdout);
       }
     }

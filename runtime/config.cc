@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <array>
 #include <cerrno>
 #include <cmath>
@@ -107,6 +108,15 @@ Config Config::from_env(const std::function<const char*(const char*)>& lookup) {
     c.debug = v;
   }
   if (const char* v = lookup("WEFT_ALGO"); v) c.algo = v;
+  if (const char* v = lookup("WEFT_SPIN_US"); v && *v && std::string_view(v) != "auto") {
+    std::string_view text(v);
+    int us = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), us);
+    if (ec != std::errc() || end != text.data() + text.size() || us < 0 || us > 1'000'000) {
+      bad_value("WEFT_SPIN_US", v, "auto or microseconds from 0 to 1000000");
+    }
+    c.spin_us = us;
+  }
   if (const char* v = lookup("WEFT_PLUGIN_PATH"); v) {
     std::string_view rest(v);
     while (!rest.empty()) {

@@ -31,6 +31,10 @@ struct Config {
   std::string debug = "off";
   // WEFT_ALGO: force a collective algorithm by name ("ring", "tree", ...). Empty: the planner.
   std::string algo;
+  // WEFT_SPIN_US: how long (microseconds) a rank waiting on shared memory spins before it
+  // sleeps. -1 (default, or "auto"): the transport's choice (spin only while the ranks on the host
+  // do not outnumber its cores); 0: never spin.
+  int spin_us = -1;
   // WEFT_PLUGIN_PATH: colon-separated folders searched for libweft-backend-NAME.so.
   std::vector<std::string> plugin_path;
 
