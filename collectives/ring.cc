@@ -21,6 +21,15 @@ int mod(int a, int p) { return ((a % p) + p) % p; }
 
 // One ring phase over `work`, whose chunks are laid out by offsets (P+1 prefix sums, elements).
 // Reduces with recv_reduce when `reduce` is set, copies otherwise.
+//
+// Two options spare the reduce phase whole-buffer copies (at 16 MiB a cold copy costs about as
+// much as the transfer here):
+// - initial(): where each chunk's starting contents are, when the work buffer does not hold them
+//   yet (an out-of-place collective's input). The first send reads its chunk from there, and each
+//   received segment is copied from there into work just before it is reduced, while it is hot in
+//   cache, instead of copying the whole input up front.
+// - redirect(): chunk c lives at `at` instead of in work (reduce_scatter's own chunk, reduced
+//   straight into the caller's output).
 class RingPhase {
  public:
   RingPhase(detail::Inflight& inflight, std::byte* work, const std::vector<size_t>& offsets,
@@ -34,6 +43,13 @@ class RingPhase {
         rank_(rank),
         size_(size) {}
 
+  // REQUIRES: initial.size() == P; an entry may be null (the chunk is in work already).
+  void initial(std::vector<const std::byte*> initial) { initial_ = std::move(initial); }
+  void redirect(int chunk, std::byte* at) {
+    redirect_chunk_ = chunk;
+    redirect_to_ = at;
+  }
+
   // Runs P-1 steps: step s sends chunk first_send - s and receives chunk first_send - s - 1.
   void run(int first_send, bool reduce, ReduceOp op, uint32_t tag_base, const char* phase) {
     first_send = mod(first_send, size_);
@@ -41,26 +57,36 @@ class RingPhase {
     const int right = mod(rank_ + 1, size_);
     const int left = mod(rank_ - 1, size_);
     for (size_t segment = 0; segment < segments(first_send); ++segment) {
-      post_send(right, first_send, segment, tag_base);
+      const std::byte* from = initial_of(first_send);
+      if (from == nullptr) from = base(first_send);
+      send_segment(right, from, first_send, segment, tag_base);
     }
     for (int step = 0; step < steps; ++step) {
       const int chunk = mod(first_send - step - 1, size_);
       const size_t n = segments(chunk);
       std::vector<Request> recvs(n);  // n is small: chunk bytes / segment bytes
       auto post_recv = [&](size_t segment) {
-        const size_t begin = offsets_[chunk] + segment * segment_elements_;
+        const size_t at = segment * segment_elements_;
         const size_t count = segment_count(chunk, segment);
         const uint32_t tag = tag_base + static_cast<uint32_t>(step);
-        recvs[segment] =
-            reduce ? inflight_.recv_reduce(left, work_ + begin * element_, count, dtype_, op, tag)
-                   : inflight_.recv(left, work_ + begin * element_, count * element_, tag);
+        std::byte* into = base(chunk) + at * element_;
+        if (reduce) {
+          if (const std::byte* from = initial_of(chunk)) {
+            detail::copy_unless_same(into, from + at * element_, count * element_);
+          }
+          recvs[segment] = inflight_.recv_reduce(left, into, count, dtype_, op, tag);
+        } else {
+          recvs[segment] = inflight_.recv(left, into, count * element_, tag);
+        }
       };
       if (n > 0) post_recv(0);
       for (size_t segment = 0; segment < n; ++segment) {
         if (segment + 1 < n) post_recv(segment + 1);  // in flight while this one is reduced
         inflight_.wait(recvs[segment], phase, step, steps);
         // Chunk `chunk` is the one step+1 sends: forward this segment now.
-        if (step + 1 < steps) post_send(right, chunk, segment, tag_base + step + 1);
+        if (step + 1 < steps) {
+          send_segment(right, base(chunk), chunk, segment, tag_base + step + 1);
+        }
       }
     }
     // Later phases overwrite the chunks these sends read; and nothing stays borrowed on return.
@@ -76,9 +102,16 @@ class RingPhase {
     const size_t count = offsets_[chunk + 1] - offsets_[chunk];
     return std::min(segment_elements_, count - segment * segment_elements_);
   }
-  void post_send(int right, int chunk, size_t segment, uint32_t tag) {
-    const size_t begin = offsets_[chunk] + segment * segment_elements_;
-    inflight_.send(right, work_ + begin * element_, segment_count(chunk, segment) * element_, tag);
+  std::byte* base(int chunk) const {
+    return chunk == redirect_chunk_ ? redirect_to_ : work_ + offsets_[chunk] * element_;
+  }
+  const std::byte* initial_of(int chunk) const {
+    return initial_.empty() ? nullptr : initial_[chunk];
+  }
+  void send_segment(int right, const std::byte* chunk_base, int chunk, size_t segment,
+                    uint32_t tag) {
+    inflight_.send(right, chunk_base + segment * segment_elements_ * element_,
+                   segment_count(chunk, segment) * element_, tag);
   }
 
   detail::Inflight& inflight_;
@@ -89,6 +122,9 @@ class RingPhase {
   const size_t segment_elements_;
   const int rank_;
   const int size_;
+  std::vector<const std::byte*> initial_;
+  int redirect_chunk_ = -1;
+  std::byte* redirect_to_ = nullptr;
 };
 
 void check_segment(std::string_view where, size_t segment_bytes) {
@@ -114,22 +150,36 @@ void ring_all_reduce(const Context& ctx, const void* input, void* output, size_t
   const int rank = ctx.transport.rank();
   if (count == 0) return;
 
-  // The output is the working buffer: the caller's input is read once, here.
-  if (reduce::needs_premultiply(op)) {
-    reduce::premultiply(output, input, count, dtype, op.factor);
-  } else {
-    detail::copy_unless_same(output, input, bytes);
-  }
   // Chunks as even as elements allow: the first count % P chunks get one element more.
   std::vector<size_t> offsets(size + 1, 0);
   for (int c = 0; c < size; ++c) {
     offsets[c + 1] = offsets[c] + count / size + (static_cast<size_t>(c) < count % size ? 1 : 0);
   }
+  // The output is the working buffer. Out of place, the reduce-scatter reads the input chunk by
+  // chunk as it goes (RingPhase::initial); premultiplied ops copy it all first.
+  const bool lazy = size > 1 && input != output && !reduce::needs_premultiply(op);
+  if (reduce::needs_premultiply(op)) {
+    reduce::premultiply(output, input, count, dtype, op.factor);
+  } else if (!lazy) {
+    detail::copy_unless_same(output, input, bytes);
+  }
   if (size > 1) {
     detail::Inflight inflight(ctx, kWhere);
     RingPhase ring(inflight, static_cast<std::byte*>(output), offsets, dtype, segment_bytes, rank,
                    size);
+    if (lazy) {
+      const auto* in = static_cast<const std::byte*>(input);
+      std::vector<const std::byte*> initial(size);
+      for (int c = 0; c < size; ++c) initial[c] = in + offsets[c] * dtype_size(dtype);
+      ring.initial(std::move(initial));
+    }
     ring.run(rank - 1, /*reduce=*/true, op, 0, "reduce-scatter");
+    if (lazy) {
+      // The all-gather fills every chunk but this rank's; the reduce-scatter filled only the chunks
+      // it received, and this rank's last: the one it sent first is still only in the input, and
+      // the all-gather overwrites it.
+      ring.initial({});
+    }
     ring.run(rank, /*reduce=*/false, op, kAllGatherStep, "all-gather");
   }
   reduce::finalize(output, count, dtype, op, size);
@@ -159,24 +209,47 @@ void reduce_scatter_blocks(std::string_view where, const Context& ctx,
   detail::check_buffer(where, output, counts[rank] * element, "output");
   if (total == 0) return;
 
-  // The reduction runs in a copy, so the inputs stay untouched and output may alias them.
+  // The inputs stay untouched. The fast way reads each input block where it is (the first send
+  // straight from it, received segments copied into scratch as they come) and reduces this rank's
+  // block, the last, straight into output: no whole-buffer copy. It needs output to overlap no
+  // input block but this rank's own (the in-place form) and no premultiply; else the reduction
+  // runs in a copy of every block, from which output is filled at the end.
+  auto* out = static_cast<std::byte*>(output);
+  const size_t mine_bytes = counts[rank] * element;
+  bool direct = size > 1 && !reduce::needs_premultiply(op);
+  for (int j = 0; j < size && direct; ++j) {
+    const bool overlap = detail::overlaps(out, mine_bytes, blocks[j], counts[j] * element);
+    if (overlap && (j != rank || blocks[j] != out)) direct = false;
+  }
   const detail::Scratch work(ctx, total);
-  for (int j = 0; j < size; ++j) {
-    std::byte* block = work.data() + offsets[j] * element;
-    if (reduce::needs_premultiply(op)) {
-      reduce::premultiply(block, blocks[j], counts[j], dtype, op.factor);
-    } else if (counts[j] > 0) {
-      std::memcpy(block, blocks[j], counts[j] * element);
+  if (!direct) {
+    for (int j = 0; j < size; ++j) {
+      std::byte* block = work.data() + offsets[j] * element;
+      if (reduce::needs_premultiply(op)) {
+        reduce::premultiply(block, blocks[j], counts[j], dtype, op.factor);
+      } else if (counts[j] > 0) {
+        std::memcpy(block, blocks[j], counts[j] * element);
+      }
     }
   }
   if (size > 1) {
     detail::Inflight inflight(ctx, where);
     RingPhase ring(inflight, work.data(), offsets, dtype, segment_bytes, rank, size);
+    if (direct) {
+      std::vector<const std::byte*> initial(size);
+      for (int j = 0; j < size; ++j) initial[j] = static_cast<const std::byte*>(blocks[j]);
+      ring.initial(std::move(initial));
+      ring.redirect(rank, out);
+    }
     ring.run(rank - 1, /*reduce=*/true, op, 0, "");
+  }
+  if (direct) {
+    reduce::finalize(out, counts[rank], dtype, op, size);
+    return;
   }
   std::byte* mine = work.data() + offsets[rank] * element;
   reduce::finalize(mine, counts[rank], dtype, op, size);
-  if (counts[rank] > 0) std::memcpy(output, mine, counts[rank] * element);
+  if (mine_bytes > 0) std::memcpy(output, mine, mine_bytes);
 }
 
 }  // namespace
