@@ -3,17 +3,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
 
 #include <fmt/format.h>
 
-#include "runtime/log.h"
 #include "weft/error.h"
+
+#include "runtime/log.h"
 
 extern char** environ;
 
@@ -21,9 +22,9 @@ namespace weft {
 namespace {
 
 // Every variable weft reads. Kept beside the parser so that a new one cannot be forgotten here.
-constexpr std::array<std::string_view, 7> kKnownVariables = {
-    "WEFT_LOG", "WEFT_TIMEOUT", "WEFT_STORE_TOKEN", "WEFT_SHM",
-    "WEFT_DEBUG", "WEFT_ALGO", "WEFT_PLUGIN_PATH",
+constexpr std::array<std::string_view, 8> kKnownVariables = {
+    "WEFT_LOG",   "WEFT_TIMEOUT", "WEFT_STORE_TOKEN", "WEFT_SHM",
+    "WEFT_DEBUG", "WEFT_ALGO",    "WEFT_SPIN_US",     "WEFT_PLUGIN_PATH",
 };
 
 [[noreturn]] void bad_value(const char* name, const char* value, std::string_view accepted) {
@@ -99,7 +100,8 @@ std::chrono::milliseconds parse_duration(const std::string& text, const char* wh
 Config Config::from_env(const std::function<const char*(const char*)>& lookup) {
   Config c;
   if (const char* v = lookup("WEFT_LOG"); v && *v) c.log_level = parse_log_level(v);
-  if (const char* v = lookup("WEFT_TIMEOUT"); v && *v) c.timeout = parse_duration(v, "WEFT_TIMEOUT");
+  if (const char* v = lookup("WEFT_TIMEOUT"); v && *v)
+    c.timeout = parse_duration(v, "WEFT_TIMEOUT");
   if (const char* v = lookup("WEFT_STORE_TOKEN"); v) c.store_token = v;
   if (const char* v = lookup("WEFT_SHM"); v && *v) c.shm = parse_bool("WEFT_SHM", v);
   if (const char* v = lookup("WEFT_DEBUG"); v && *v) {

@@ -45,6 +45,7 @@ TEST_CASE("an empty environment gives the documented defaults", "[core][config]"
   CHECK(c.shm);
   CHECK(c.debug == "off");
   CHECK(c.algo.empty());
+  CHECK(c.spin_us == -1);
   CHECK(c.plugin_path.empty());
   CHECK(c.unknown.empty());
 }
@@ -56,6 +57,7 @@ TEST_CASE("every WEFT_ variable is parsed into its field", "[core][config]") {
                           {"WEFT_SHM", "0"},
                           {"WEFT_DEBUG", "detail"},
                           {"WEFT_ALGO", "ring"},
+                          {"WEFT_SPIN_US", "150"},
                           {"WEFT_PLUGIN_PATH", "/opt/a::/opt/b:"}});
   CHECK(c.log_level == LogLevel::Trace);
   CHECK(c.timeout == milliseconds(2500));
@@ -63,6 +65,7 @@ TEST_CASE("every WEFT_ variable is parsed into its field", "[core][config]") {
   CHECK_FALSE(c.shm);
   CHECK(c.debug == "detail");
   CHECK(c.algo == "ring");
+  CHECK(c.spin_us == 150);
   CHECK(c.plugin_path == std::vector<std::string>{"/opt/a", "/opt/b"});  // empty entries dropped
 }
 
@@ -96,6 +99,12 @@ TEST_CASE("a malformed value raises InvalidArgument naming the variable and the 
   CHECK_THAT(parse_error({{"WEFT_TIMEOUT", "soon"}}),
              Catch::Contains("WEFT_TIMEOUT=\"soon\" is not a duration"));
   CHECK_THAT(parse_error({{"WEFT_LOG", "WARN"}}), Catch::Contains("WEFT_LOG"));  // exact case
+  for (const char* bad : {"-1", "fast", "20us", "2000000", " 5"}) {
+    CHECK_THAT(parse_error({{"WEFT_SPIN_US", bad}}),
+               Catch::Contains("WEFT_SPIN_US") && Catch::Contains("microseconds"));
+  }
+  CHECK(parse({{"WEFT_SPIN_US", "auto"}}).spin_us == -1);
+  CHECK(parse({{"WEFT_SPIN_US", "0"}}).spin_us == 0);
 }
 
 TEST_CASE("parse_duration reads seconds by default and ms, s, m and h units", "[core][config]") {
