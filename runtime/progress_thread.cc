@@ -197,16 +197,7 @@ void ProgressThread::loop() {
     if (!queue_.empty() && running_ == nullptr) {
       const Clock::time_point start_at = queue_.front().not_before;
       if (start_at <= now || stopping_) {
-        Task task = std::move(queue_.front());
-        queue_.pop_front();
-        running_ = task.work.get();
-        lock.unlock();
-        run_task(task);
-        // Drop what the task captured before the next one starts, so that its buffers are not
-        // kept alive for the length of an unrelated collective.
-        task.run = nullptr;
-        lock.lock();
-        running_ = nullptr;
+        run_front(lock);
         if (queue_.empty()) idle_cv_.notify_all();
         continue;
       }
@@ -236,22 +227,26 @@ void ProgressThread::run_inline(const Work* work) {
     ++claim;
   }
   if (claim == queue_.size()) return;
-  for (size_t i = 0; i <= claim && !aborted_ && !queue_.empty(); ++i) {
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
-    running_ = task.work.get();
-    lock.unlock();
-    run_task(task);
-    task.run = nullptr;
-    lock.lock();
-    running_ = nullptr;
-  }
+  for (size_t i = 0; i <= claim && !aborted_ && !queue_.empty(); ++i) run_front(lock);
   // The destructor may be waiting for the queue to drain, the thread for queued work.
   if (queue_.empty()) {
     idle_cv_.notify_all();
   } else if (sleep_ != Sleep::Awake) {
     task_cv_.notify_one();
   }
+}
+
+void ProgressThread::run_front(std::unique_lock<std::mutex>& lock) {
+  Task task = std::move(queue_.front());
+  queue_.pop_front();
+  running_ = task.work.get();
+  lock.unlock();
+  run_task(task);
+  // Drop what the task captured before the next one starts, so that its buffers are not kept
+  // alive for the length of an unrelated collective.
+  task.run = nullptr;
+  lock.lock();
+  running_ = nullptr;
 }
 
 void ProgressThread::run_task(Task& task) {

@@ -139,6 +139,9 @@ class ProgressThread {
     ProgressThread* owner = nullptr;  // guarded by mutex
   };
   std::shared_ptr<HelperLink> helper_link_ = std::make_shared<HelperLink>();
+  // Pops the first queued task and runs it with mutex_ released (running_ set meanwhile).
+  // REQUIRES: `lock` holds mutex_, the queue is not empty and no task runs.
+  void run_front(std::unique_lock<std::mutex>& lock);
   // Runs one task and completes its Work. Called on the progress thread without mutex_ held.
   void run_task(Task& task);
 
