@@ -44,6 +44,12 @@ void ShmTransport::check_peers(bool now_please) {
 
 void ShmTransport::lose_peer(Peer& peer, const std::string& why) {
   if (peer.lost) return;
+  // After abort(), this rank's own shutdown of the connections reads as a hang-up: what the
+  // caller must act on is the abort, not a peer that only looks lost.
+  if (aborted_.load()) {
+    handle_abort();
+    return;
+  }
   // What it committed before going stays readable in this rank's segment: take all of it first.
   // Marked lost already, so that start_payload() buffers past the unexpected limit: what is left
   // is bounded by the ring, and holding it back would only turn messages into failures.

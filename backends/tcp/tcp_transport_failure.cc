@@ -19,6 +19,12 @@ using detail::tag_text;
 
 void TcpTransport::lose_peer(Peer& peer, const std::string& why) {
   if (peer.lost) return;
+  // After abort(), this rank's own shutdown of the connections reads as a hang-up: what the
+  // caller must act on is the abort, not a peer that only looks lost.
+  if (aborted_.load()) {
+    handle_abort();
+    return;
+  }
   peer.lost = true;
   peer.lost_reason = why;
   // The fd stays open (shut down) until the transport dies, so that abort() on another thread
