@@ -174,12 +174,8 @@ void ring_all_reduce(const Context& ctx, const void* input, void* output, size_t
       ring.initial(std::move(initial));
     }
     ring.run(rank - 1, /*reduce=*/true, op, 0, "reduce-scatter");
-    if (lazy) {
-      // The all-gather fills every chunk but this rank's; the reduce-scatter filled only the chunks
-      // it received, and this rank's last: the one it sent first is still only in the input, and
-      // the all-gather overwrites it.
-      ring.initial({});
-    }
+    // The all-gather sends reduced chunks, which are in the output, not the input.
+    if (lazy) ring.initial({});
     ring.run(rank, /*reduce=*/false, op, kAllGatherStep, "all-gather");
   }
   reduce::finalize(output, count, dtype, op, size);
@@ -221,7 +217,8 @@ void reduce_scatter_blocks(std::string_view where, const Context& ctx,
     const bool overlap = detail::overlaps(out, mine_bytes, blocks[j], counts[j] * element);
     if (overlap && (j != rank || blocks[j] != out)) direct = false;
   }
-  const detail::Scratch work(ctx, total);
+  // Direct, scratch holds only the chunks passed on after their reduce: none at P = 2.
+  const detail::Scratch work(ctx, direct && size == 2 ? 0 : total);
   if (!direct) {
     for (int j = 0; j < size; ++j) {
       std::byte* block = work.data() + offsets[j] * element;
