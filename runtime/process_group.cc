@@ -933,6 +933,11 @@ std::shared_ptr<Work> ProcessGroup::end_coalescing() {
 
 // ---- Sub-groups.
 
+uint64_t ProcessGroup::child_groups() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->children;
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks,
                                                       NewGroupOptions options) {
   State& s = *state_;

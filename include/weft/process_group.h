@@ -94,6 +94,9 @@ class ProcessGroup {
   uint64_t sequence_number() const;
   // World rank of each rank of this group, by group rank.
   const std::vector<int>& global_ranks() const;
+  // Calls of new_group() and split() made on this group so far, on this rank (whether or not
+  // they returned a group here): tells tests and diagnostics how many groups a layer made.
+  uint64_t child_groups() const;
   // The backend serving `kind`, by name ("tcp"); Error(InvalidArgument) when none is mapped.
   std::string backend_name(DeviceKind kind = DeviceKind::Cpu) const;
 
