@@ -1,0 +1,900 @@
+// weft-perf: collective benchmarks that read and print like nccl-tests.
+//
+//   weftrun --nproc-per-node 4 --standalone weft-perf all_reduce -b 8 -e 128M -f 2
+//   mpirun -n 4 weft-perf all -b 1K -e 1M -f 4 -c 1 -J results.json
+//
+// The first argument names the collective (or `all`); then nccl-tests' flags with their meaning
+// (docs/weft-perf.md lists them, and where weft-perf departs). Rank 0 prints nccl-tests' layout:
+// header, one line per size with out-of-place and in-place time, algbw, busbw and #wrong, and
+// the footer, so a parser written for nccl-tests reads it unchanged. GB/s = 1e9 B/s; busbw =
+// algbw x the op's factor, as nccl-tests: all_reduce 2(n-1)/n; all_gather, reduce_scatter,
+// all_to_all, gather, scatter (n-1)/n on the full array; broadcast, reduce, sendrecv 1.
+//
+// Uses only weft's public API (include/weft), as any embedding program would.
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "weft/error.h"
+#include "weft/process_group.h"
+
+#ifndef WEFT_VERSION
+#define WEFT_VERSION "unknown"
+#endif
+
+namespace weft::perf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- Options.
+
+struct Options {
+  std::vector<std::string> collectives;
+  size_t min_bytes = 32 << 20;  // nccl-tests' defaults
+  size_t max_bytes = 32 << 20;
+  size_t step_factor = 1;
+  size_t step_bytes = 1 << 20;
+  int iters = 20;
+  int warmup = 1;
+  int agg = 1;
+  std::vector<DType> dtypes = {DType::Float32};
+  std::vector<ReduceOp> ops = {ReduceOp::Sum};
+  bool all_roots = false;
+  int root = 0;
+  int check = 1;
+  int blocking = 0;
+  int average = 1;  // 0 rank 0, 1 average, 2 min, 3 max
+  int timeout_s = 0;
+  std::string json_path;
+  std::string backend;
+  bool corrupt = false;  // test hook: flip one element before checking
+  std::vector<std::string> args;
+};
+
+const std::vector<std::string> kCollectives = {
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+    "all_to_all", "gather",     "scatter",        "sendrecv",  "barrier"};
+
+// nccl-tests' spellings, which its log parsers expect in the type and redop columns.
+std::string type_label(DType t) {
+  switch (t) {
+    case DType::Float32:
+      return "float";
+    case DType::Float64:
+      return "double";
+    case DType::Float16:
+      return "half";
+    default:
+      return std::string(dtype_name(t));
+  }
+}
+
+std::string op_label(ReduceOp op) {
+  return op.kind == ReduceOp::PremulSum ? "mulsum" : std::string(reduce_op_name(op));
+}
+
+[[noreturn]] void usage_error(const std::string& why) {
+  fmt::print(stderr,
+             "weft-perf: {}\n"
+             "usage: weft-perf COLLECTIVE|all [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS]\n"
+             "                 [-w WARMUP] [-m AGG] [-d TYPE|all] [-o OP|all] [-r ROOT|all]\n"
+             "                 [-c 0|1] [-z 0|1] [-a 0|1|2|3] [-T SECONDS] [-J FILE.json]\n"
+             "                 [--backend NAME]\n"
+             "collectives: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
+             "             gather scatter sendrecv barrier all\n"
+             "(launch under weftrun, mpirun or srun; docs/weft-perf.md)\n",
+             why);
+  std::exit(2);
+}
+
+size_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    usage_error("not a size: " + text);
+  }
+  std::string unit = text.substr(used);
+  double scale = 1;
+  if (unit == "K" || unit == "k")
+    scale = 1024.0;
+  else if (unit == "M" || unit == "m")
+    scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g")
+    scale = 1024.0 * 1024 * 1024;
+  else if (!unit.empty())
+    usage_error("not a size: " + text);
+  if (value < 0) usage_error("negative size: " + text);
+  return static_cast<size_t>(value * scale);
+}
+
+int parse_int(const std::string& flag, const std::string& text, int lo, int hi) {
+  try {
+    size_t used = 0;
+    int v = std::stoi(text, &used);
+    if (used == text.size() && v >= lo && v <= hi) return v;
+  } catch (const std::exception&) {
+  }
+  usage_error(fmt::format("{} wants an integer in [{}, {}], not \"{}\"", flag, lo, hi, text));
+}
+
+std::vector<DType> parse_dtypes(const std::string& text) {
+  if (text == "all") {
+    return {DType::Int8,    DType::UInt8,   DType::Int32,   DType::Int64,
+            DType::Float16, DType::Float32, DType::Float64, DType::BFloat16};
+  }
+  auto t = parse_dtype(text);
+  if (!t || *t == DType::Bool) usage_error("unknown or unsupported datatype: " + text);
+  return {*t};
+}
+
+std::vector<ReduceOp> parse_ops(const std::string& text) {
+  const ReduceOp mulsum = ReduceOp::premul_sum(0.5);
+  if (text == "all") {
+    return {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg, mulsum};
+  }
+  if (text == "mulsum") return {mulsum};
+  auto op = parse_reduce_op(text);
+  if (!op) usage_error("unknown reduction op: " + text);
+  return {*op};
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 0; i < argc; ++i) o.args.push_back(argv[i]);
+  if (argc < 2 || argv[1][0] == '-') usage_error("name the collective first");
+  std::string what = argv[1];
+  if (what == "all") {
+    o.collectives = kCollectives;
+  } else if (std::find(kCollectives.begin(), kCollectives.end(), what) != kCollectives.end()) {
+    o.collectives = {what};
+  } else {
+    usage_error("unknown collective: " + what);
+  }
+  // Long forms as nccl-tests spells them.
+  const std::map<std::string, std::string> long_names = {
+      {"--minbytes", "-b"}, {"--maxbytes", "-e"},     {"--stepfactor", "-f"}, {"--stepbytes", "-i"},
+      {"--iters", "-n"},    {"--warmup_iters", "-w"}, {"--agg_iters", "-m"},  {"--datatype", "-d"},
+      {"--op", "-o"},       {"--root", "-r"},         {"--check", "-c"},      {"--blocking", "-z"},
+      {"--average", "-a"},  {"--timeout", "-T"},      {"--output_file", "-J"}};
+  for (int i = 2; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (auto it = long_names.find(flag); it != long_names.end()) flag = it->second;
+    if (flag == "--corrupt-one-element") {  // test hook, see docs/weft-perf.md
+      o.corrupt = true;
+      continue;
+    }
+    if (i + 1 >= argc) usage_error(flag + " needs a value");
+    std::string v = argv[++i];
+    if (flag == "-b")
+      o.min_bytes = parse_bytes(v);
+    else if (flag == "-e")
+      o.max_bytes = parse_bytes(v);
+    else if (flag == "-f")
+      o.step_factor = parse_int(flag, v, 1, 1 << 20);
+    else if (flag == "-i")
+      o.step_bytes = parse_bytes(v), o.step_factor = 1;
+    else if (flag == "-n")
+      o.iters = parse_int(flag, v, 1, 1 << 30);
+    else if (flag == "-w")
+      o.warmup = parse_int(flag, v, 0, 1 << 30);
+    else if (flag == "-m")
+      o.agg = parse_int(flag, v, 1, 1 << 20);
+    else if (flag == "-d")
+      o.dtypes = parse_dtypes(v);
+    else if (flag == "-o")
+      o.ops = parse_ops(v);
+    else if (flag == "-r" && v == "all")
+      o.all_roots = true;
+    else if (flag == "-r")
+      o.root = parse_int(flag, v, 0, 1 << 20);
+    else if (flag == "-c")
+      o.check = parse_int(flag, v, 0, 1);
+    else if (flag == "-z")
+      o.blocking = parse_int(flag, v, 0, 1);
+    else if (flag == "-a")
+      o.average = parse_int(flag, v, 0, 3);
+    else if (flag == "-T")
+      o.timeout_s = parse_int(flag, v, 0, 1 << 24);
+    else if (flag == "-J")
+      o.json_path = v;
+    else if (flag == "--backend")
+      o.backend = v;
+    else
+      usage_error("unknown flag " + flag);
+  }
+  if (o.min_bytes > o.max_bytes) usage_error("-b is larger than -e");
+  if (o.step_factor == 1 && o.step_bytes == 0) usage_error("-i 0 would never end");
+  return o;
+}
+
+std::vector<size_t> sizes_of(const Options& o) {
+  std::vector<size_t> sizes;
+  for (size_t s = o.min_bytes; s <= o.max_bytes;) {
+    sizes.push_back(s);
+    size_t next = o.step_factor > 1 ? s * o.step_factor : s + o.step_bytes;
+    if (next <= s) break;  // -b 0 with a factor, or overflow
+    s = next;
+  }
+  return sizes;
+}
+
+// ---- Element access for every dtype, through double (the values used are small integers).
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, man = x & 0x7fffff;
+  if (exp == 0xff) return uint16_t(sign | 0x7c00 | (man ? 0x200 : 0));
+  int e = int(exp) - 127 + 15;
+  if (e >= 31) return uint16_t(sign | 0x7c00);
+  if (e <= 0) {  // subnormal or zero
+    if (e < -10) return uint16_t(sign);
+    man |= 0x800000;
+    uint32_t shift = uint32_t(14 - e);
+    uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) ++half;
+    return uint16_t(sign | half);
+  }
+  uint32_t half = sign | (uint32_t(e) << 10) | (man >> 13), rem = man & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;
+  return uint16_t(half);
+}
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t x;
+  if (exp == 0x1f) {
+    x = sign | 0x7f800000 | (man << 13);
+  } else if (exp == 0) {
+    float f = std::ldexp(float(man), -24);
+    return sign ? -f : f;
+  } else {
+    x = sign | ((exp - 15 + 127) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffff) > 0x7f800000) return uint16_t((x >> 16) | 0x40);
+  x += 0x7fff + ((x >> 16) & 1);
+  return uint16_t(x >> 16);
+}
+
+float bf16_to_float(uint16_t b) {
+  uint32_t x = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+double load(DType t, const void* base, size_t i) {
+  switch (t) {
+    case DType::Float32:
+      return static_cast<const float*>(base)[i];
+    case DType::Float64:
+      return static_cast<const double*>(base)[i];
+    case DType::Float16:
+      return half_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::BFloat16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::Int8:
+      return static_cast<const int8_t*>(base)[i];
+    case DType::UInt8:
+      return static_cast<const uint8_t*>(base)[i];
+    case DType::Int32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::Int64:
+      return double(static_cast<const int64_t*>(base)[i]);
+    case DType::Bool:
+      return static_cast<const uint8_t*>(base)[i];
+  }
+  return 0;
+}
+
+void store(DType t, void* base, size_t i, double v) {
+  switch (t) {
+    case DType::Float32:
+      static_cast<float*>(base)[i] = float(v);
+      break;
+    case DType::Float64:
+      static_cast<double*>(base)[i] = v;
+      break;
+    case DType::Float16:
+      static_cast<uint16_t*>(base)[i] = float_to_half(float(v));
+      break;
+    case DType::BFloat16:
+      static_cast<uint16_t*>(base)[i] = float_to_bf16(float(v));
+      break;
+    case DType::Int8:
+      static_cast<int8_t*>(base)[i] = int8_t(v);
+      break;
+    case DType::UInt8:
+      static_cast<uint8_t*>(base)[i] = uint8_t(v);
+      break;
+    case DType::Int32:
+      static_cast<int32_t*>(base)[i] = int32_t(v);
+      break;
+    case DType::Int64:
+      static_cast<int64_t*>(base)[i] = int64_t(v);
+      break;
+    case DType::Bool:
+      static_cast<uint8_t*>(base)[i] = v != 0;
+      break;
+  }
+}
+
+bool is_bitwise(ReduceOp op) {
+  return op.kind == ReduceOp::BAnd || op.kind == ReduceOp::BOr || op.kind == ReduceOp::BXor;
+}
+
+// Whether weft defines `op` on `t` (the combinations weft-perf skips with a comment otherwise).
+bool defined(DType t, ReduceOp op) {
+  if (is_bitwise(op)) return !is_floating(t);
+  if (op.kind == ReduceOp::PremulSum) return is_floating(t);
+  return true;
+}
+
+// ---- The data: what rank r contributes at element i, and what a reduction of it must give.
+
+class Data {
+ public:
+  Data(int ranks, DType t, ReduceOp op) : ranks_(ranks), dtype_(t), op_(op) {
+    spread_ = std::clamp(100 / std::max(ranks, 1), 1, 11);  // int8 sums of every rank fit
+  }
+
+  double input(int rank, size_t i) const {
+    if (op_.kind == ReduceOp::Prod) return (rank + i) % std::max(ranks_, 5) == 0 ? 2 : 1;
+    if (is_bitwise(op_)) return double((1u << ((rank + i) % 6)) | ((i % 3) << 5));
+    return double((size_t(rank) * 7 + i * 3) % size_t(spread_) + 1);
+  }
+
+  // The reduction over every rank of element i, computed here, not by weft.
+  double reduced(size_t i) const {
+    if (is_bitwise(op_)) {
+      int64_t acc = int64_t(input(0, i));
+      for (int r = 1; r < ranks_; ++r) {
+        int64_t v = int64_t(input(r, i));
+        acc = op_.kind == ReduceOp::BAnd  ? (acc & v)
+              : op_.kind == ReduceOp::BOr ? (acc | v)
+                                          : (acc ^ v);
+      }
+      return double(acc);
+    }
+    double acc = op_.kind == ReduceOp::Prod ? 1 : 0;
+    for (int r = 0; r < ranks_; ++r) {
+      double v = input(r, i);
+      switch (op_.kind) {
+        case ReduceOp::Prod:
+          acc *= v;
+          break;
+        case ReduceOp::Min:
+          acc = r == 0 ? v : std::min(acc, v);
+          break;
+        case ReduceOp::Max:
+          acc = r == 0 ? v : std::max(acc, v);
+          break;
+        case ReduceOp::PremulSum:
+          acc += op_.factor * v;
+          break;
+        default:
+          acc += v;
+          break;
+      }
+    }
+    if (op_.kind == ReduceOp::Avg) {
+      acc = is_floating(dtype_) ? acc / ranks_ : std::trunc(acc / ranks_);
+    }
+    return acc;
+  }
+
+  bool matches(double got, double expected) const {
+    if (!is_floating(dtype_)) return got == expected;
+    double tolerance = dtype_ == DType::Float64   ? 1e-12
+                       : dtype_ == DType::Float32 ? 1e-6
+                       : dtype_ == DType::Float16 ? 1e-3
+                                                  : 1e-2;
+    return std::fabs(got - expected) <= tolerance * std::max(1.0, std::fabs(expected));
+  }
+
+ private:
+  int ranks_;
+  DType dtype_;
+  ReduceOp op_;
+  int spread_;
+};
+
+// ---- One collective at one size, both placements.
+
+// Sizes in nccl-tests' terms: `count` is the per-call count (nccl-tests' paramcount) and `bytes`
+// the larger of what a rank sends and receives (the size column).
+struct Shape {
+  size_t count = 0;
+  size_t bytes = 0;
+  double factor = 1;  // busbw / algbw
+};
+
+Shape shape_of(const std::string& coll, size_t size, DType t, int n) {
+  const size_t width = dtype_size(t);
+  size_t count = size / width;
+  Shape s;
+  if (coll == "all_gather" || coll == "reduce_scatter" || coll == "all_to_all" ||
+      coll == "gather" || coll == "scatter") {
+    s.count = count / n;
+    s.bytes = s.count * n * width;
+    s.factor = double(n - 1) / n;
+  } else {
+    s.count = count;
+    s.bytes = count * width;
+    s.factor = coll == "all_reduce" ? 2.0 * (n - 1) / n : 1.0;
+  }
+  if (coll == "barrier") s = Shape{0, 0, 0};
+  return s;
+}
+
+bool has_root(const std::string& coll) {
+  return coll == "broadcast" || coll == "reduce" || coll == "gather" || coll == "scatter";
+}
+
+bool reduces(const std::string& coll) {
+  return coll == "all_reduce" || coll == "reduce_scatter" || coll == "reduce";
+}
+
+struct Buffers {
+  std::vector<std::byte> send, recv, scratch;
+};
+
+class Runner {
+ public:
+  Runner(ProcessGroup& pg, const Options& o, Buffers& buffers, std::string coll, DType t,
+         ReduceOp op, int root, Shape shape)
+      : pg_(pg),
+        o_(o),
+        b_(buffers),
+        coll_(std::move(coll)),
+        t_(t),
+        op_(op),
+        root_(root),
+        s_(shape),
+        data_(pg.size(), t, op),
+        rank_(pg.rank()),
+        n_(pg.size()) {}
+
+  // Fills what the collective reads, for `in_place` or not. Output regions first get a value
+  // no result has (-1), so that an element never written counts as wrong.
+  void fill(bool in_place) {
+    const size_t c = s_.count;
+    void* send = b_.send.data();
+    void* recv = b_.recv.data();
+    const bool wide = coll_ == "all_gather" || coll_ == "gather" || coll_ == "all_to_all" ||
+                      (in_place && (coll_ == "reduce_scatter" || coll_ == "scatter"));
+    if (coll_ != "barrier") {
+      for (size_t i = 0, end = wide ? c * n_ : c; i < end; ++i) store(t_, recv, i, -1);
+    }
+    auto fill_range = [&](void* base, size_t offset, size_t len, size_t first) {
+      for (size_t i = 0; i < len; ++i) store(t_, base, offset + i, data_.input(rank_, first + i));
+    };
+    const bool root_only = coll_ == "broadcast" || coll_ == "scatter";
+    if (root_only && rank_ != root_) return;
+    if (coll_ == "all_reduce" || coll_ == "reduce" || coll_ == "broadcast" || coll_ == "sendrecv") {
+      fill_range(in_place ? recv : send, 0, c, 0);
+    } else if (coll_ == "all_gather" || coll_ == "gather") {
+      if (in_place) {
+        fill_range(recv, rank_ * c, c, 0);
+      } else {
+        fill_range(send, 0, c, 0);
+      }
+    } else if (coll_ == "reduce_scatter" || coll_ == "all_to_all" || coll_ == "scatter") {
+      fill_range(in_place ? recv : send, 0, c * n_, 0);
+    }
+  }
+
+  std::shared_ptr<Work> issue(bool in_place) {
+    const size_t c = s_.count;
+    auto view = [&](std::vector<std::byte>& buf, size_t offset, size_t count) {
+      return Tensor{buf.data() + offset * dtype_size(t_), count, t_, Device{}};
+    };
+    auto& send = b_.send;
+    auto& recv = b_.recv;
+    if (coll_ == "all_reduce") {
+      return in_place ? pg_.all_reduce(view(recv, 0, c), op_)
+                      : pg_.all_reduce(view(send, 0, c), view(recv, 0, c), op_);
+    }
+    if (coll_ == "all_gather") {
+      return pg_.all_gather_into_tensor(view(recv, 0, c * n_),
+                                        in_place ? view(recv, rank_ * c, c) : view(send, 0, c));
+    }
+    if (coll_ == "reduce_scatter") {
+      return in_place
+                 ? pg_.reduce_scatter_tensor(view(recv, rank_ * c, c), view(recv, 0, c * n_), op_)
+                 : pg_.reduce_scatter_tensor(view(recv, 0, c), view(send, 0, c * n_), op_);
+    }
+    if (coll_ == "all_to_all") {
+      return pg_.all_to_all(view(recv, 0, c * n_),
+                            in_place ? view(recv, 0, c * n_) : view(send, 0, c * n_));
+    }
+    if (coll_ == "broadcast") {
+      // weft's broadcast is in place; out of place, the root first copies its input over.
+      if (!in_place && rank_ == root_) std::memcpy(recv.data(), send.data(), c * dtype_size(t_));
+      return pg_.broadcast(view(recv, 0, c), root_);
+    }
+    if (coll_ == "reduce") {
+      return in_place ? pg_.reduce(view(recv, 0, c), root_, op_)
+                      : pg_.reduce(view(send, 0, c), view(recv, 0, c), root_, op_);
+    }
+    if (coll_ == "gather") {
+      return pg_.gather_into_tensor(view(recv, 0, c * n_),
+                                    in_place ? view(recv, rank_ * c, c) : view(send, 0, c), root_);
+    }
+    if (coll_ == "scatter") {
+      return in_place
+                 ? pg_.scatter_from_tensor(view(recv, rank_ * c, c), view(recv, 0, c * n_), root_)
+                 : pg_.scatter_from_tensor(view(recv, 0, c), view(send, 0, c * n_), root_);
+    }
+    if (coll_ == "sendrecv") {
+      // A ring shift. weft has no in-place send/recv: in place receives into scratch, then
+      // copies into the buffer it sent from (the time includes that copy).
+      const int next = (rank_ + 1) % n_, prev = (rank_ - 1 + n_) % n_;
+      pg_.start_coalescing();
+      pg_.send(in_place ? view(recv, 0, c) : view(send, 0, c), next);
+      pg_.recv(in_place ? view(b_.scratch, 0, c) : view(recv, 0, c), prev);
+      auto work = pg_.end_coalescing();
+      if (!in_place) return work;
+      work->wait();
+      std::memcpy(recv.data(), b_.scratch.data(), c * dtype_size(t_));
+      return work;
+    }
+    return pg_.barrier();
+  }
+
+  // Elements of this rank's result that differ from the expected values.
+  int64_t wrong(bool in_place) {
+    const size_t c = s_.count;
+    void* recv = b_.recv.data();
+    int64_t bad = 0;
+    bool first = true;
+    auto check = [&](size_t offset, double expected) {
+      if (first && o_.corrupt &&
+          rank_ == (has_root(coll_) && coll_ != "scatter" && coll_ != "broadcast" ? root_ : 0)) {
+        store(t_, recv, offset, load(t_, recv, offset) + 1);  // the test hook
+      }
+      first = false;
+      bad += !data_.matches(load(t_, recv, offset), expected);
+    };
+    if (coll_ == "all_reduce" || (coll_ == "reduce" && rank_ == root_)) {
+      for (size_t i = 0; i < c; ++i) check(i, data_.reduced(i));
+    } else if (coll_ == "reduce_scatter") {
+      const size_t at = in_place ? rank_ * c : 0;
+      for (size_t i = 0; i < c; ++i) check(at + i, data_.reduced(rank_ * c + i));
+    } else if (coll_ == "all_gather" || (coll_ == "gather" && rank_ == root_)) {
+      for (size_t k = 0; k < c * n_; ++k) check(k, data_.input(int(k / c), k % c));
+    } else if (coll_ == "all_to_all") {
+      for (size_t k = 0; k < c * n_; ++k) check(k, data_.input(int(k / c), rank_ * c + k % c));
+    } else if (coll_ == "broadcast") {
+      for (size_t i = 0; i < c; ++i) check(i, data_.input(root_, i));
+    } else if (coll_ == "scatter") {
+      const size_t at = in_place ? rank_ * c : 0;
+      for (size_t i = 0; i < c; ++i) check(at + i, data_.input(root_, rank_ * c + i));
+    } else if (coll_ == "sendrecv") {
+      for (size_t i = 0; i < c; ++i) check(i, data_.input((rank_ - 1 + n_) % n_, i));
+    }
+    return bad;
+  }
+
+  struct Result {
+    double time_us = 0;
+    double algbw = 0, busbw = 0;
+    int64_t wrong = -1;  // -1: not checked
+  };
+
+  Result run(bool in_place) {
+    fill(in_place);
+    for (int i = 0; i < o_.warmup; ++i) issue(in_place)->wait();
+    pg_.barrier()->wait();
+    std::vector<std::shared_ptr<Work>> works;
+    works.reserve(size_t(o_.iters) * o_.agg);
+    const auto start = Clock::now();
+    for (int i = 0; i < o_.iters; ++i) {
+      for (int m = 0; m < o_.agg; ++m) {
+        auto work = issue(in_place);
+        if (o_.blocking) {
+          work->wait();
+          pg_.barrier()->wait();
+        } else {
+          works.push_back(std::move(work));
+        }
+      }
+    }
+    wait_all(works);
+    double seconds =
+        std::chrono::duration<double>(Clock::now() - start).count() / (double(o_.iters) * o_.agg);
+    // -a: the time reported is rank 0's, the average, the minimum or the maximum over ranks.
+    if (o_.average == 0) {
+      pg_.broadcast(Tensor::of(&seconds, 1), 0)->wait();
+    } else {
+      ReduceOp how = o_.average == 1   ? ReduceOp::Avg
+                     : o_.average == 2 ? ReduceOp::Min
+                                       : ReduceOp::Max;
+      pg_.all_reduce(Tensor::of(&seconds, 1), how)->wait();
+    }
+    Result r;
+    r.time_us = seconds * 1e6;
+    r.algbw = coll_ == "barrier" || seconds <= 0 ? 0 : double(s_.bytes) / 1e9 / seconds;
+    r.busbw = r.algbw * s_.factor;
+    if (o_.check) {
+      fill(in_place);
+      issue(in_place)->wait();
+      r.wrong = wrong(in_place);
+      pg_.all_reduce(Tensor::of(&r.wrong, 1))->wait();
+    }
+    return r;
+  }
+
+ private:
+  ProcessGroup& pg_;
+  const Options& o_;
+  Buffers& b_;
+  std::string coll_;
+  DType t_;
+  ReduceOp op_;
+  int root_;
+  Shape s_;
+  Data data_;
+  int rank_, n_;
+};
+
+// ---- Output.
+
+// nccl-tests' number format: as many decimals as fit the width.
+std::string number(double value, int width) {
+  int power = 0;
+  for (uint64_t v = 1; value >= double(v) && power < 20; v *= 10) ++power;
+  if (power < width - 2) return fmt::format("{:{}.2f}", value, width);
+  if (power < width - 1) return fmt::format("{:{}.1f}", value, width);
+  if (power < width + 1) return fmt::format("{:{}.0f}", value, width);
+  return fmt::format("{:{}.1e}", value, width);
+}
+
+std::string now_text() {
+  char buf[64];
+  std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\')
+      out += '\\', out += ch;
+    else if (ch == '\n')
+      out += "\\n";
+    else if (ch == '\t')
+      out += "\\t";
+    else if (static_cast<unsigned char>(ch) < 0x20)
+      out += fmt::format("\\u{:04x}", int(ch));
+    else
+      out += ch;
+  }
+  return out + "\"";
+}
+
+std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
+
+// One line per rank, gathered to every rank in rank order (nccl-tests' "Using devices").
+std::vector<std::string> device_lines(ProcessGroup& pg, const std::string& backend) {
+  constexpr size_t kLine = 256;
+  char host[128] = {};
+  gethostname(host, sizeof host - 1);
+  std::string line = fmt::format(
+      "#  Rank {:2d} Group  0 Pid {:6d} on {:>10} device  0 [0000:00:00] "
+      "cpu, weft backend {}",
+      pg.rank(), int(getpid()), host, backend);
+  std::vector<char> mine(kLine, 0), all(kLine * pg.size());
+  std::memcpy(mine.data(), line.data(), std::min(line.size(), kLine - 1));
+  pg.all_gather_into_tensor(Tensor{all.data(), all.size(), DType::UInt8, Device{}},
+                            Tensor{mine.data(), mine.size(), DType::UInt8, Device{}})
+      ->wait();
+  std::vector<std::string> lines;
+  for (int r = 0; r < pg.size(); ++r) lines.emplace_back(all.data() + r * kLine);
+  return lines;
+}
+
+int run(const Options& o) {
+  ProcessGroupOptions options;
+  options.backend = o.backend;
+  if (o.timeout_s > 0) options.timeout = std::chrono::seconds(o.timeout_s);
+  auto pg = init_process_group(options);
+  const int n = pg->size(), rank = pg->rank();
+  const bool main_rank = rank == 0;
+  const std::string backend = pg->backend_name(DeviceKind::Cpu);
+  const std::string start_time = now_text();
+  const std::vector<size_t> sizes = sizes_of(o);
+
+  // Buffers for the largest size, allocated and touched once (a first touch costs far more than
+  // a copy here): send and receive of max_bytes (the size column is the larger of the two), and
+  // scratch for the in-place sendrecv.
+  Buffers buffers;
+  const size_t max_bytes = std::max<size_t>(o.max_bytes, 64);
+  buffers.send.assign(max_bytes, std::byte{0});
+  buffers.recv.assign(max_bytes, std::byte{0});
+  buffers.scratch.assign(max_bytes, std::byte{0});
+
+  const std::vector<std::string> devices = device_lines(*pg, backend);
+  std::string json_collectives;
+  int total_bad_lines = 0;
+  for (const std::string& coll : o.collectives) {
+    const std::string program = coll + "_perf";
+    if (main_rank) {
+      fmt::print("# weft-perf version {} backend {} ranks {}\n", WEFT_VERSION, backend, n);
+      fmt::print("# Collective test starting: {}\n", program);
+      fmt::print(
+          "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {}({}) warmup iters: {} "
+          "iters: {} agg iters: {} validation: {} graph: 0\n",
+          o.min_bytes, o.max_bytes, o.step_factor > 1 ? o.step_factor : o.step_bytes,
+          o.step_factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.agg, o.check);
+      if (o.blocking) {
+        fmt::print("# Blocking Enabled: wait for completion and barrier after each collective \n");
+      }
+      fmt::print("#\n# Using devices\n");
+      for (const auto& line : devices) fmt::print("{}\n", line);
+      fmt::print("#\n");
+      fmt::print(
+          "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                 "
+          "      in-place          \n",
+          "", "", "", "", "");
+      fmt::print(
+          "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  "
+          "{:>6}  {:>6}  {:>6} \n",
+          "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+          "algbw", "busbw", "#wrong");
+      fmt::print(
+          "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  "
+          "{:>6}  {:>6}  {:>6} \n",
+          "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+          "(GB/s)", "");
+      std::fflush(stdout);
+    }
+    int bad_lines = 0;
+    double bw_sum = 0;
+    int bw_count = 0;
+    std::string json_results;
+    const std::vector<DType> dtypes =
+        coll == "barrier" ? std::vector<DType>{DType::Float32} : o.dtypes;
+    const std::vector<ReduceOp> ops = reduces(coll) ? o.ops : std::vector<ReduceOp>{ReduceOp::Sum};
+    std::vector<int> roots = {-1};
+    if (has_root(coll)) {
+      if (o.all_roots) {
+        roots.clear();
+        for (int r = 0; r < n; ++r) roots.push_back(r);
+      } else {
+        if (o.root >= n) {
+          if (main_rank) fmt::print(stderr, "weft-perf: root {} >= {} ranks\n", o.root, n);
+          return 2;
+        }
+        roots = {o.root};
+      }
+    }
+    for (DType t : dtypes) {
+      for (ReduceOp op : ops) {
+        if (!defined(t, op)) {
+          if (main_rank) {
+            fmt::print("# skipping {} {}: weft does not define it\n", type_label(t), op_label(op));
+          }
+          continue;
+        }
+        for (int root : roots) {
+          const std::vector<size_t> run_sizes = coll == "barrier" ? std::vector<size_t>{0} : sizes;
+          for (size_t size : run_sizes) {
+            Shape shape = shape_of(coll, size, t, n);
+            Runner runner(*pg, o, buffers, coll, t, op, std::max(root, 0), shape);
+            Runner::Result out = runner.run(false);
+            Runner::Result in = runner.run(true);
+            for (const auto* r : {&out, &in}) {
+              bad_lines += r->wrong > 0;
+              bw_sum += r->busbw;
+              ++bw_count;
+            }
+            if (!main_rank) continue;
+            const std::string type = coll == "barrier" ? "none" : type_label(t);
+            const std::string redop = reduces(coll) ? op_label(op) : "none";
+            std::string line = fmt::format("{:12}  {:12}  {:>8}  {:>6}  {:6}", shape.bytes,
+                                           shape.count, type, redop, root);
+            for (const auto* r : {&out, &in}) {
+              line += fmt::format("  {:>7}  {:>6}  {:>6}", number(r->time_us, 7),
+                                  number(r->algbw, 6), number(r->busbw, 6));
+              line += r->wrong < 0 ? "    N/A" : fmt::format("  {:6}", r->wrong);
+            }
+            fmt::print("{}\n", line);
+            std::fflush(stdout);
+            auto placement = [&](const Runner::Result& r) {
+              return fmt::format(R"({{"time":{},"alg_bw":{},"bus_bw":{},"nwrong":{}}})",
+                                 json_number(r.time_us), json_number(r.algbw), json_number(r.busbw),
+                                 r.wrong < 0 ? "null" : std::to_string(r.wrong));
+            };
+            json_results += fmt::format(
+                R"({}{{"size":{},"count":{},"type":{},"redop":{},"root":{},"out_of_place":{},"in_place":{}}})",
+                json_results.empty() ? "" : ",", shape.bytes, shape.count, json_string(type),
+                json_string(redop), root, placement(out), placement(in));
+          }
+        }
+      }
+    }
+    const double avg_bw = bw_count ? bw_sum / bw_count : 0;
+    total_bad_lines += bad_lines;
+    if (main_rank) {
+      fmt::print("# {:<20} : {} {}\n", "Out of bounds values", bad_lines,
+                 bad_lines ? "FAILED" : "OK");
+      fmt::print("# {:<20} : {} \n", "Avg bus bandwidth", fmt::format("{:g}", avg_bw));
+      fmt::print("#\n# Collective test concluded: {}\n\n", program);
+      std::fflush(stdout);
+      json_collectives += fmt::format(
+          R"({}{{"collective":{},"results":[{}],"out_of_bounds":{{"count":{},"okay":{}}},"average_bus_bandwidth":{{"bandwidth":{}}}}})",
+          json_collectives.empty() ? "" : ",", json_string(coll), json_results, bad_lines,
+          bad_lines ? "false" : "true", json_number(avg_bw));
+    }
+  }
+  if (main_rank && !o.json_path.empty()) {
+    std::string args, devs;
+    for (const auto& a : o.args) args += (args.empty() ? "" : ",") + json_string(a);
+    for (int r = 0; r < n; ++r) {
+      devs += fmt::format(R"({}{{"rank":{},"line":{}}})", r ? "," : "", r,
+                          json_string(devices[r].substr(2)));
+    }
+    std::string step = o.step_factor > 1 ? fmt::format(R"("step_factor":{})", o.step_factor)
+                                         : fmt::format(R"("step_bytes":{})", o.step_bytes);
+    std::string doc = fmt::format(
+        R"({{"version":1,"tool":"weft-perf","weft_version":{},"start_time":{},"end_time":{},"args":[{}],)"
+        R"("config":{{"ranks":{},"backend":{},"minimum_bytes":{},"maximum_bytes":{},{},"warmup_iters":{},)"
+        R"("iterations":{},"aggregated_iterations":{},"validation":{},"blocking_collectives":{},"average":{},)"
+        R"("timeout_s":{}}},"devices":[{}],"collectives":[{}]}})",
+        json_string(WEFT_VERSION), json_string(start_time), json_string(now_text()), args, n,
+        json_string(backend), o.min_bytes, o.max_bytes, step, o.warmup, o.iters, o.agg, o.check,
+        o.blocking ? "true" : "false", o.average, pg->timeout().count() / 1000, devs,
+        json_collectives);
+    std::ofstream file(o.json_path);
+    file << doc << "\n";
+    if (!file) {
+      fmt::print(stderr, "weft-perf: could not write {}\n", o.json_path);
+      return 1;
+    }
+    fmt::print("# Wrote JSON output to {}\n", o.json_path);
+  }
+  pg->barrier()->wait();
+  pg->destroy();
+  return total_bad_lines ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace weft::perf
+
+int main(int argc, char** argv) {
+  weft::perf::Options options = weft::perf::parse(argc, argv);
+  try {
+    return weft::perf::run(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-perf: %s\n", e.what());
+    return 1;
+  }
+}

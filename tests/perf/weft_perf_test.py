@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""weft-perf's output, checked as a user of nccl-tests would read it.
+
+  weft_perf_test.py CASE WEFTRUN WEFT_PERF [SCHEMA]
+
+CASE is one of:
+  golden   the header, column layout and footer of a 2-rank all_reduce run match
+           tests/perf/golden_header.txt character for character (pid, host, version and the
+           measured numbers masked; the measured columns checked for nccl-tests' exact widths).
+  parse    `weft-perf all` on 4 ranks, read back with an nccl-tests-style regex: every data line
+           parses, algbw = size / time, busbw = algbw x the op's factor (2(n-1)/n for all_reduce;
+           (n-1)/n for all_gather, reduce_scatter, all_to_all, gather, scatter; 1 for broadcast,
+           reduce, sendrecv), checked against the unrounded figures of the -J output, and
+           #wrong = 0 everywhere; every dtype and op of all_reduce with -d all -o all.
+  corrupt  with the test hook --corrupt-one-element, -c 1 reports #wrong = 1 on every line of
+           every collective, the footer says FAILED, the exit status is non-zero; with -c 0
+           #wrong is N/A.
+  json     -J output validates against benchmarks/weft-perf.schema.json (python3-jsonschema)
+           and agrees with the text output line by line.
+Exit 0 on success, 1 on failure, 77 (meson's "skipped") when jsonschema is missing.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The regex an nccl-tests log parser uses for a result line (both placements).
+FLOAT = r"([\d.]+(?:e[+-]?\d+)?)"
+LINE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)" +
+                  (r"\s+" + FLOAT + r"\s+" + FLOAT + r"\s+" + FLOAT + r"\s+(\d+|N/A)") * 2 +
+                  r"\s*$")
+FACTOR = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "sendrecv": lambda n: 1.0,
+    "barrier": lambda n: 0.0,
+}
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+def run(weftrun, perf, ranks, args, expect_ok=True):
+    cmd = [weftrun, "--nproc-per-node", str(ranks), "--standalone", "--no-prefix", perf] + args
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    if expect_ok and proc.returncode != 0:
+        raise Failure(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def blocks(text):
+    """Result lines per collective: {name: [regex match, ...]}, in order."""
+    out, current = {}, None
+    for line in text.splitlines():
+        m = re.match(r"# Collective test starting: (\w+)_perf$", line)
+        if m:
+            current = m.group(1)
+            out[current] = []
+        elif line and not line.startswith("#"):
+            m = LINE.match(line)
+            check(m is not None, f"a result line an nccl-tests parser cannot read: {line!r}")
+            out[current].append(m)
+    return out
+
+
+def case_golden(weftrun, perf, _schema):
+    proc = run(weftrun, perf, 2, ["all_reduce", "-b", "1K", "-e", "4K", "-f", "2", "-n", "3"])
+    got = proc.stdout.splitlines()
+    with open(os.path.join(HERE, "golden_header.txt")) as f:
+        want = f.read().splitlines()
+    check(len(got) == len(want), f"{len(got)} lines, golden has {len(want)}:\n{proc.stdout}")
+    measured = re.compile(r"(  [ \d.e+-]{7}  [ \d.e+-]{6}  [ \d.e+-]{6}  [ \d]{6}){2}$")
+    for g, w in zip(got, want):
+        if w.startswith("<data>"):
+            prefix = w[len("<data>"):]
+            check(g.startswith(prefix), f"line {g!r} does not start with {prefix!r}")
+            check(measured.fullmatch(g[len(prefix):]) is not None,
+                  f"measured columns of {g!r} are not nccl-tests' widths")
+            continue
+        pattern = re.escape(w)
+        for mask, rx in (("<version>", r"\S+"), ("<pid>", r" *\d+"), ("<host>", r" *\S+"),
+                         ("<number>", r"[\d.e+-]+")):
+            pattern = pattern.replace(re.escape(mask), rx)
+        check(re.fullmatch(pattern, g) is not None, f"line {g!r}\n  differs from {w!r}")
+
+
+def case_parse(weftrun, perf, _schema):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "out.json")
+        proc = run(weftrun, perf, 4, ["all", "-b", "4K", "-e", "64K", "-f", "4", "-n", "3",
+                                      "-J", path])
+        with open(path) as f:
+            doc = json.load(f)
+    n = 4
+    parsed = blocks(proc.stdout)
+    check(sorted(parsed) == sorted(FACTOR), f"collectives {sorted(parsed)}")
+    by_coll = {c["collective"]: c["results"] for c in doc["collectives"]}
+    for coll, lines in parsed.items():
+        check(len(lines) == len(by_coll[coll]), f"{coll}: text and JSON line counts differ")
+        check(len(lines) == (1 if coll == "barrier" else 3), f"{coll}: {len(lines)} lines")
+        for m, res in zip(lines, by_coll[coll]):
+            size = int(m.group(1))
+            for col, key in ((6, "out_of_place"), (10, "in_place")):
+                t, alg, bus = (float(m.group(col + i)) for i in range(3))
+                check(m.group(col + 3) == "0", f"{coll} {size}: #wrong {m.group(col + 3)}")
+                r = res[key]
+                # The text is the JSON's figures rounded to nccl-tests' widths.
+                check(abs(t - r["time"]) <= 0.01 + 1e-3 * r["time"], f"{coll} {size} time")
+                check(abs(alg - r["alg_bw"]) <= 0.006, f"{coll} {size} algbw {alg} {r}")
+                check(abs(bus - r["bus_bw"]) <= 0.006, f"{coll} {size} busbw {bus} {r}")
+                if coll == "barrier":
+                    check(r["alg_bw"] == 0 and r["bus_bw"] == 0, "barrier has no bandwidth")
+                    continue
+                expect_alg = size / (r["time"] * 1e-6) / 1e9
+                check(abs(r["alg_bw"] - expect_alg) <= 1e-6 * expect_alg + 1e-9,
+                      f"{coll} {size}: algbw {r['alg_bw']} != size/time {expect_alg}")
+                factor = FACTOR[coll](n)
+                check(abs(r["bus_bw"] - r["alg_bw"] * factor) <= 1e-9 * max(1, r["bus_bw"]),
+                      f"{coll} {size}: busbw/algbw = {r['bus_bw'] / r['alg_bw']}, want {factor}")
+    # Every dtype and reduce op of all_reduce, checked element by element by weft-perf itself.
+    proc = run(weftrun, perf, 3, ["all_reduce", "-b", "96", "-e", "96", "-n", "2", "-d", "all",
+                                  "-o", "all"])
+    lines = blocks(proc.stdout)["all_reduce"]
+    seen = {(m.group(3), m.group(4)) for m in lines}
+    check(len(lines) == 8 * 5 + 4, f"{len(lines)} dtype x op lines")  # mulsum: floats only
+    check(("bfloat16", "mulsum") in seen and ("int8", "prod") in seen, f"{sorted(seen)}")
+    for m in lines:
+        check(m.group(9) == "0" and m.group(13) == "0", f"wrong results: {m.group(0)}")
+
+
+def case_corrupt(weftrun, perf, _schema):
+    proc = run(weftrun, perf, 3, ["all", "-b", "1K", "-e", "2K", "-f", "2", "-n", "2",
+                                  "--corrupt-one-element"], expect_ok=False)
+    check(proc.returncode != 0, "weft-perf exited 0 with wrong results")
+    parsed = blocks(proc.stdout)
+    for coll, lines in parsed.items():
+        if coll == "barrier":
+            continue
+        for m in lines:
+            check(m.group(9) == "1" and m.group(13) == "1",
+                  f"{coll}: one flipped element should give #wrong 1: {m.group(0)}")
+    footers = re.findall(r"# Out of bounds values : (\d+) (\w+)", proc.stdout)
+    check(len(footers) == len(parsed), "a footer per collective")
+    for (count, verdict), coll in zip(footers, parsed):
+        want = 0 if coll == "barrier" else 4
+        check(int(count) == want and verdict == ("OK" if want == 0 else "FAILED"),
+              f"{coll}: footer {count} {verdict}")
+    proc = run(weftrun, perf, 2, ["all_reduce", "-b", "1K", "-e", "1K", "-c", "0",
+                                  "--corrupt-one-element"])
+    (m,) = blocks(proc.stdout)["all_reduce"]
+    check(m.group(9) == "N/A" and m.group(13) == "N/A", f"-c 0: {m.group(0)}")
+
+
+def case_json(weftrun, perf, schema_path):
+    try:
+        import jsonschema
+    except ImportError:
+        print("skipped: python3-jsonschema is not installed (scripts/install-deps installs it)")
+        sys.exit(77)
+    with open(schema_path) as f:
+        schema = json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "out.json")
+        proc = run(weftrun, perf, 2, ["all", "-b", "1K", "-e", "8K", "-f", "8", "-n", "2",
+                                      "-J", path])
+        with open(path) as f:
+            doc = json.load(f)
+        jsonschema.validate(doc, schema)
+        # -c 0 gives null #wrong, which the schema allows.
+        run(weftrun, perf, 2, ["broadcast", "-b", "1K", "-e", "1K", "-c", "0", "-r", "all",
+                               "-J", path])
+        with open(path) as f:
+            doc2 = json.load(f)
+        jsonschema.validate(doc2, schema)
+    check(doc["config"]["ranks"] == 2 and doc["config"]["step_factor"] == 8, "config")
+    order = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+             "gather", "scatter", "sendrecv", "barrier"]  # `weft-perf all`'s order
+    check([c["collective"] for c in doc["collectives"]] == order, "collective order")
+    parsed = blocks(proc.stdout)
+    for c in doc["collectives"]:
+        for m, r in zip(parsed[c["collective"]], c["results"]):
+            check(int(m.group(1)) == r["size"] and int(m.group(2)) == r["count"] and
+                  m.group(3) == r["type"] and m.group(4) == r["redop"] and
+                  int(m.group(5)) == r["root"], f"{m.group(0)} vs {r}")
+    roots = [r["root"] for r in doc2["collectives"][0]["results"]]
+    check(roots == [0, 1], f"-r all: roots {roots}")
+    check(all(r["out_of_place"]["nwrong"] is None for r in doc2["collectives"][0]["results"]),
+          "-c 0 must give null nwrong")
+    # A bad schema instance is refused (the validation is real).
+    doc["config"]["average"] = 7
+    try:
+        jsonschema.validate(doc, schema)
+    except jsonschema.ValidationError:
+        return
+    raise Failure("the schema accepted average = 7")
+
+
+def main():
+    if len(sys.argv) < 4:
+        print(__doc__)
+        return 2
+    case, weftrun, perf = sys.argv[1:4]
+    schema = sys.argv[4] if len(sys.argv) > 4 else ""
+    try:
+        {"golden": case_golden, "parse": case_parse, "corrupt": case_corrupt,
+         "json": case_json}[case](weftrun, perf, schema)
+    except Failure as e:
+        print(f"FAILED: {e}")
+        return 1
+    print(f"{case}: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
