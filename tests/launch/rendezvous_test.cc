@@ -3,6 +3,7 @@
 #include "weft/rendezvous.h"
 
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -52,6 +53,55 @@ TcpStoreServerOptions loopback_server_options() {
   options.port = 0;
   return options;
 }
+
+// torchrun's agent store: a TcpStoreServer in a child process of its own, forked while this
+// process has no other thread, so that run_ranks() never forks a process whose store thread may
+// hold a lock (a child of such a fork can deadlock in the allocator: seen once under ASan). The
+// child serves until this object closes its end of the control pipe.
+class AgentProcess {
+ public:
+  AgentProcess() {
+    int port_pipe[2], control[2];
+    REQUIRE(pipe(port_pipe) == 0);
+    REQUIRE(pipe(control) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      close(port_pipe[0]);
+      close(control[1]);
+      int code = 0;
+      try {
+        TcpStoreServer server(loopback_server_options());
+        uint16_t port = server.port();
+        code = write(port_pipe[1], &port, sizeof port) == sizeof port ? 0 : 1;
+        char byte;
+        while (code == 0 && read(control[0], &byte, 1) > 0) {
+        }
+      } catch (const std::exception&) {
+        code = 1;
+      }
+      _exit(code);
+    }
+    close(port_pipe[1]);
+    close(control[0]);
+    control_ = control[1];
+    REQUIRE(read(port_pipe[0], &port_, sizeof port_) == sizeof port_);
+    close(port_pipe[0]);
+  }
+  ~AgentProcess() {
+    close(control_);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  AgentProcess(const AgentProcess&) = delete;
+  AgentProcess& operator=(const AgentProcess&) = delete;
+  uint16_t port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int control_ = -1;
+  uint16_t port_ = 0;
+};
 
 TCPStoreOptions client_options(uint16_t port) {
   TCPStoreOptions options;
@@ -223,7 +273,7 @@ TEST_CASE("env:// with Open MPI variables on one host rendezvouses on loopback",
 // rank binds the port (rank 0 would fail with Io: the test's server holds it).
 TEST_CASE("under torchrun's agent store every rank, rank 0 included, connects as a client",
           "[launch][rendezvous][multiproc]") {
-  TcpStoreServer agent(loopback_server_options());
+  AgentProcess agent;
   uint16_t port = agent.port();
   test::run_ranks_ok(kRanks, [port](int rank) {
     clear_launcher_env();
@@ -246,7 +296,7 @@ TEST_CASE("under torchrun's agent store every rank, rank 0 included, connects as
 TEST_CASE("a rendezvous missing a rank times out naming how many arrived and which are missing",
           "[launch][rendezvous][multiproc]") {
   // The store outlives the ranks so that each can still inspect it when its wait times out.
-  TcpStoreServer agent(loopback_server_options());
+  AgentProcess agent;
   uint16_t port = agent.port();
   test::run_ranks_ok(2, [port](int rank) {
     clear_launcher_env();
@@ -266,7 +316,7 @@ TEST_CASE("a rendezvous missing a rank times out naming how many arrived and whi
 
 TEST_CASE("two processes claiming one rank are refused naming the first claimant",
           "[launch][rendezvous][multiproc]") {
-  TcpStoreServer agent(loopback_server_options());
+  AgentProcess agent;
   uint16_t port = agent.port();
   std::string url = fmt::format("tcp://127.0.0.1:{}?rank=1&world_size=2", port);
   // The first claimant waits for rank 0, which never comes; the second, started once the first
