@@ -143,7 +143,7 @@ BackendRegistration::BackendRegistration(Registry::Entry entry) {
 }
 
 std::vector<std::pair<DeviceKind, std::string>> parse_backend_map(std::string_view text,
-                                                                  const Registry& registry) {
+                                                                  Registry& registry) {
   constexpr DeviceKind kKinds[] = {DeviceKind::Cpu, DeviceKind::Cuda};
   std::vector<std::pair<DeviceKind, std::string>> map;
   auto serves = [&](const Registry::Entry& entry, DeviceKind kind) {
@@ -157,7 +157,7 @@ std::vector<std::pair<DeviceKind, std::string>> parse_backend_map(std::string_vi
     return map;
   }
   if (text.find(':') == std::string_view::npos) {
-    Registry::Entry entry = registry.find(text);
+    Registry::Entry entry = registry.resolve(text);
     for (DeviceKind kind : entry.devices) map.emplace_back(kind, entry.name);
     return map;
   }
@@ -187,7 +187,7 @@ std::vector<std::pair<DeviceKind, std::string>> parse_backend_map(std::string_vi
     for (const auto& [known, unused] : map) {
       if (known == kind) bad(fmt::format("device kind \"{}\" given twice", device));
     }
-    Registry::Entry entry = registry.find(name);
+    Registry::Entry entry = registry.resolve(name);
     if (!serves(entry, kind)) {
       bad(fmt::format("backend \"{}\" does not serve {}", name, device));
     }

@@ -161,6 +161,15 @@ class Registry {
   void add(Entry entry);
   // The entry for `name`, or Error(InvalidArgument) listing the names known.
   Entry find(std::string_view name) const;
+  // find(), and when `name` is not registered, loads the plugin libweft-backend-NAME.so from
+  // WEFT_PLUGIN_PATH's directories, then the install's plugin directory (plugin.h), and registers
+  // it. A name holding '/' is a plugin's path. Error(InvalidArgument) when none loads, listing
+  // the known names and every file tried with why it was refused (dlopen's message, a missing
+  // or mismatched weftBackendPlugin_vN).
+  Entry resolve(std::string_view name);
+  // Loads the plugin at `path` and registers it (once; loading it again is a no-op). Returns its
+  // name. Error(InvalidArgument) saying why it was refused.
+  std::string load_plugin(const std::string& path);
   bool contains(std::string_view name) const;
   std::vector<std::string> names() const;
   // The default backend for a device kind: the first registered that serves it.
@@ -177,10 +186,11 @@ struct BackendRegistration {
 };
 
 // A backend map as c10d writes it: "tcp" (one backend for every device kind it serves) or
-// "cpu:tcp,cuda:nccl". Empty: each device kind's default. Returns kind -> backend name; throws
-// Error(InvalidArgument) for malformed text, an unknown device kind or an unknown backend, or a
-// backend named for a device it does not serve.
+// "cpu:tcp,cuda:nccl". Empty: each device kind's default. Names are resolved (plugins loaded) as
+// Registry::resolve() does. Returns kind -> backend name; throws Error(InvalidArgument) for
+// malformed text, an unknown device kind or an unknown backend, or a backend named for a device
+// it does not serve.
 std::vector<std::pair<DeviceKind, std::string>> parse_backend_map(std::string_view text,
-                                                                  const Registry& registry);
+                                                                  Registry& registry);
 
 }  // namespace weft

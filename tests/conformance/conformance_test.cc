@@ -1919,7 +1919,7 @@ void check_debug_detail(Rank& r, const Variant& v) {
   NewGroupOptions options;
   options.name = "mismatch";
   options.timeout = seconds(5);
-  options.backend_settings = {{"algo", v.algo}, {"shm", v.shm}};
+  if (!v.algo.empty()) options.backend_settings = {{"algo", v.algo}, {"shm", v.shm}};  // tcp
   auto group = r.world->new_group(everyone, options);
   Buffer x(DType::Float32, 5 + v.pg->rank());
   x.fill([](size_t i) { return float_bits(DType::Float32, static_cast<double>(i)); });
