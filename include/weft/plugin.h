@@ -45,7 +45,9 @@
  *    group, operation and sequence number. Use the codes as error.h defines them:
  *    WEFT_ERR_PEER_LOST for a dead peer, WEFT_ERR_TIMEOUT for an operation past
  *    args->timeout_ms, WEFT_ERR_UNSUPPORTED for an operation, dtype or op the plugin does not
- *    implement, WEFT_ERR_INTERNAL for its own bugs.
+ *    implement, WEFT_ERR_INTERNAL for its own bugs. weft raises each as the weft::Error of the
+ *    same number; WEFT_ERR_INTERNAL, and any value it does not know, as Error(Protocol) (the
+ *    plugin broke its contract).
  *
  * The struct is versioned as a whole: a later weft defines weftBackendPlugin_v2_t beside v1 and
  * keeps loading v1 plugins; a plugin may export several versions to load into older weft.
