@@ -202,10 +202,13 @@ struct LogBridge {
 
 // ---- One posted unit, from post() to its Work's completion.
 
+class PluginBackend;
+
 struct Pending {
   std::shared_ptr<Work> work;
   ErrorContext context;
-  void* request = nullptr;  // polling plugins
+  void* request = nullptr;         // polling plugins
+  PluginBackend* owner = nullptr;  // callback plugins: told when `done` ran
 };
 
 void finish(Pending& p, weft_result_t result, const std::string& message) {
@@ -220,7 +223,7 @@ class PluginBackend : public Backend {
  public:
   PluginBackend(const weftBackendPlugin_v1_t* plugin, const BackendOptions& options,
                 DeviceKind kind)
-      : plugin_(plugin), name_(plugin->name) {
+      : plugin_(plugin), name_(plugin->name), timeout_(options.timeout) {
     store_.store = options.store;
     store_.group_timeout = options.timeout;
     store_.table = weftStore_v1_t{&store_,
@@ -271,11 +274,35 @@ class PluginBackend : public Backend {
     }
   }
 
+  // Finalizes the plugin once every operation it was given has completed, as plugin.h promises.
+  // Operations still running get the group's timeout, then the plugin is aborted and given the
+  // timeout again; a plugin that still has not completed them is leaked (never finalized) with
+  // an error in the log, rather than hanging the caller.
   ~PluginBackend() override {
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      stopping_ = true;
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto drained = [&] { return outstanding_ == 0; };
+    if (!drained_.wait_for(lock, timeout_, drained)) {
+      lock.unlock();
+      abort(
+          fmt::format("the process group was destroyed with {} operation(s) of plugin {} "
+                      "still running",
+                      outstanding(), name_));
+      lock.lock();
+      if (!drained_.wait_for(lock, timeout_, drained)) {
+        WEFT_LOG_ERROR(
+            "{}: {} operation(s) never completed, even after abort(); the plugin's "
+            "context is leaked, not finalized",
+            log_.prefix, outstanding_);
+        stopping_ = true;
+        give_up_ = true;
+        lock.unlock();
+        wake_.notify_all();
+        if (poller_.joinable()) poller_.detach();
+        return;
+      }
     }
+    stopping_ = true;
+    lock.unlock();
     wake_.notify_all();
     if (poller_.joinable()) poller_.join();
     plugin_->finalize(context_);
@@ -339,6 +366,20 @@ class PluginBackend : public Backend {
   static void on_done(void* arg, weft_result_t result, const char* message) {
     std::unique_ptr<Pending> p(static_cast<Pending*>(arg));
     finish(*p, result, message == nullptr ? "" : std::string(message, strnlen(message, 65536)));
+    p->owner->retire();
+  }
+
+  int64_t outstanding() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return outstanding_;
+  }
+
+  // One operation fewer in flight.
+  void retire() {
+    // Notified under the lock: once the destructor sees zero, nothing here touches `this`.
+    std::lock_guard<std::mutex> lock(mutex_);
+    --outstanding_;
+    drained_.notify_all();
   }
 
   std::shared_ptr<Work> post_unit(const std::vector<Collective>& collectives,
@@ -349,10 +390,14 @@ class PluginBackend : public Backend {
     for (size_t i = 0; i < collectives.size(); ++i) {
       ops.push_back(describe(collectives[i], descriptors[i]));
     }
-    auto pending = std::make_unique<Pending>(Pending{work, context, nullptr});
+    auto pending = std::make_unique<Pending>(Pending{work, context, nullptr, this});
     const bool polling = plugin_->test != nullptr;
     char error[kMessageSize] = {};
     weft_result_t result;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++outstanding_;  // before post(): `done` may run before it returns
+    }
     if (polling) {
       result = plugin_->post(context_, ops.data(), static_cast<uint32_t>(ops.size()), nullptr,
                              nullptr, &pending->request, error, sizeof error);
@@ -368,6 +413,7 @@ class PluginBackend : public Backend {
     }
     if (result != WEFT_SUCCESS) {
       finish(*pending, result, message_of(error, result));
+      retire();
       return work;
     }
     {
@@ -386,7 +432,7 @@ class PluginBackend : public Backend {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
       wake_.wait(lock, [&] { return stopping_ || !polled_.empty(); });
-      if (polled_.empty()) return;  // stopping
+      if (polled_.empty() || give_up_) return;  // stopping
       std::unique_ptr<Pending> front = std::move(polled_.front());
       polled_.pop_front();
       lock.unlock();
@@ -397,6 +443,7 @@ class PluginBackend : public Backend {
       if (finished) {
         finish(*front, result, message_of(error, result));
         if (plugin_->release != nullptr) plugin_->release(context_, front->request);
+        retire();
         pause = std::chrono::microseconds(20);
       }
       lock.lock();
@@ -417,8 +464,12 @@ class PluginBackend : public Backend {
 
   std::mutex mutex_;
   std::condition_variable wake_;
+  std::condition_variable drained_;
   std::deque<std::unique_ptr<Pending>> polled_;  // guarded by mutex_
+  int64_t outstanding_ = 0;                      // posted, not yet completed; guarded by mutex_
   bool stopping_ = false;                        // guarded by mutex_
+  bool give_up_ = false;                         // guarded by mutex_
+  std::chrono::milliseconds timeout_;
   std::thread poller_;
 };
 

@@ -9,6 +9,14 @@
 // world sizes 6 and 7 too, more counts, and every form, root and placement for every combination
 // (minutes, not seconds). WEFT_TEST_WORLD_SIZES=3,8 runs only the sizes listed.
 //
+// WEFT_TEST_LAUNCHER=env runs the suite under an outside launcher instead of forking its ranks:
+// every process is one rank (`mpirun -n 4 -x WEFT_TEST_LAUNCHER=env conformance_test`, for a
+// backend whose ranks must be MPI's), rank and world size come from the launcher's environment
+// (env://, docs/launching.md), each test case runs its body once for that world size only, and
+// each rank fails its own Catch2 run: the launcher's exit status tells. weft reads WEFT_DEBUG
+// once per process, so the [debug] family runs only with WEFT_DEBUG=detail set for the whole run
+// (and is skipped with a warning otherwise).
+//
 // Cost: each test case starts one world per world size and makes, over all of its ranks, one
 // sub-group per (algorithm, shm) variant. Every (dtype, op, count) runs on every algorithm that
 // implements the collective, over both transports; the form, root and placement turn with the
@@ -44,6 +52,7 @@
 #include <fmt/ranges.h>
 
 #include "weft/process_group.h"
+#include "weft/rendezvous.h"
 #include "weft/tcp_store.h"
 
 #include "tests/support/multiproc.h"
@@ -66,7 +75,35 @@ bool full_run() {
   return value && std::string(value) == "1";
 }
 
+// Whether an outside launcher started this process as one rank (WEFT_TEST_LAUNCHER=env), rather
+// than the suite forking every rank itself (unset, or "fork").
+bool launched() {
+  const char* value = std::getenv("WEFT_TEST_LAUNCHER");
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "fork") return false;
+  if (std::string_view(value) == "env") return true;
+  throw std::invalid_argument(
+      fmt::format("WEFT_TEST_LAUNCHER=\"{}\": expected fork (the default) or env", value));
+}
+
+// The launcher's world, met once per process through env://: this process's rank, the world
+// size and the launcher's store. Never destroyed: rank 0 hosts the store, which the other ranks
+// use until their last test case.
+struct Launch {
+  Rendezvous rdzv;
+  uint64_t worlds = 0;  // worlds started so far: the same count on every rank
+};
+
+Launch& launch() {
+  static Launch* instance = [] {
+    RendezvousOptions options;
+    options.timeout = seconds(60);
+    return new Launch{rendezvous(options)};
+  }();
+  return *instance;
+}
+
 std::vector<int> world_sizes() {
+  if (launched()) return {launch().rdzv.world_size};
   if (const char* only = std::getenv("WEFT_TEST_WORLD_SIZES"); only && *only) {
     std::vector<int> sizes;
     for (const char* p = only; *p;) {
@@ -672,58 +709,102 @@ void wait_for(const std::shared_ptr<Work>& work, const std::string& where) {
   }
 }
 
-// Runs `body` on `size` ranks, each in its own process: the world through a store on rank 0, and
-// one sub-group per (algorithm in `algos`, shm setting in `shms`), all under WEFT_DEBUG=detail
-// when `debug_detail`. A rank's failed checks and errors fail the test case naming the world
-// size; the other world sizes still run.
+// One rank of a world: the world through a store on rank 0 at `port`, and one sub-group per
+// (algorithm in `algos`, shm setting in `shms`), all under WEFT_DEBUG=detail when
+// `debug_detail`. Throws the rank's failed checks and errors.
+void run_rank(int rank, int size, uint16_t port, const std::vector<std::string>& algos,
+              const std::function<void(Rank&)>& body, const std::vector<std::string>& shms,
+              bool debug_detail) {
+  const std::string backend = backend_under_test();
+  // Before weft reads its configuration, which it does once per process.
+  if (debug_detail) setenv("WEFT_DEBUG", "detail", 1);
+  ProcessGroupOptions options;
+  options.url = fmt::format("tcp://127.0.0.1:{}", port);
+  options.rank = rank;
+  options.world_size = size;
+  options.backend = backend;
+  options.timeout = seconds(30);
+  Rank r;
+  r.rank = rank;
+  r.size = size;
+  r.port = port;
+  r.world = init_process_group(options);
+  std::vector<int> everyone(size);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  if (backend == "tcp") {
+    for (const std::string& shm : shms) {
+      for (const std::string& algo : algos) {
+        NewGroupOptions group_options;
+        group_options.name = fmt::format("{}-shm{}", algo, shm);
+        group_options.backend_settings = {{"algo", algo}, {"shm", shm}};
+        try {
+          r.variants.push_back({algo, shm, r.world->new_group(everyone, group_options)});
+        } catch (const Error& e) {
+          // Every rank refuses the name alike, after the group's connections are made.
+          const bool unknown =
+              e.code() == ErrorCode::InvalidArgument &&
+              std::string_view(e.what()).find("unknown algorithm") != std::string_view::npos;
+          if (algo != kOptionalAlgorithm || !unknown) throw;
+        }
+      }
+    }
+  } else {
+    r.variants.push_back({"", "", r.world->new_group(everyone)});
+  }
+  body(r);
+  // Rank 0 hosts the store: everyone leaves together.
+  r.world->barrier()->wait();
+  r.report.throw_if_any();
+}
+
+// Under WEFT_TEST_LAUNCHER=env: this process is one rank of the launcher's world, so only that
+// world size runs, here; the others are skipped. Rank 0 picks the port of the world's store and
+// tells the other ranks through the launcher's store. A failure fails this rank's test case.
+void run_launched_world(int size, const std::vector<std::string>& algos,
+                        const std::function<void(Rank&)>& body,
+                        const std::vector<std::string>& shms, bool debug_detail) {
+  Launch& l = launch();
+  if (size != l.rdzv.world_size) return;
+  if (debug_detail) {
+    const char* debug = std::getenv("WEFT_DEBUG");
+    if (debug == nullptr || std::string_view(debug) != "detail") {
+      WARN(
+          "skipped: weft reads WEFT_DEBUG once per process; under WEFT_TEST_LAUNCHER=env run "
+          "this test case with WEFT_DEBUG=detail in the environment");
+      return;
+    }
+  }
+  const std::string key = fmt::format("conformance/world/{}/port", ++l.worlds);
+  uint16_t port = 0;
+  if (l.rdzv.rank == 0) {
+    port = test::free_port();
+    const std::string text = std::to_string(port);
+    l.rdzv.store->set(key, Bytes(text.begin(), text.end()));
+  } else {
+    const Bytes text = l.rdzv.store->get(key, seconds(150));
+    port = static_cast<uint16_t>(std::stoi(std::string(text.begin(), text.end())));
+  }
+  std::string failure;
+  try {
+    run_rank(l.rdzv.rank, size, port, algos, body, shms, debug_detail);
+  } catch (const std::exception& e) {
+    failure = fmt::format("rank {} failed: {}", l.rdzv.rank, e.what());
+  }
+  INFO("world size " << size << ", backend " << backend_under_test() << "\n" << failure);
+  CHECK(failure.empty());
+}
+
+// Runs `body` on `size` ranks, each in its own process (run_rank). A rank's failed checks and
+// errors fail the test case naming the world size; the other world sizes still run. Under
+// WEFT_TEST_LAUNCHER=env, run_launched_world instead.
 void run_world(int size, const std::vector<std::string>& algos,
                const std::function<void(Rank&)>& body,
                const std::vector<std::string>& shms = {"0", "1"}, bool debug_detail = false) {
+  if (launched()) return run_launched_world(size, algos, body, shms, debug_detail);
   const std::string backend = backend_under_test();
   const uint16_t port = test::free_port();
   auto results = test::run_ranks(
-      size,
-      [&](int rank) {
-        // Before weft reads its configuration, which it does once per process.
-        if (debug_detail) setenv("WEFT_DEBUG", "detail", 1);
-        ProcessGroupOptions options;
-        options.url = fmt::format("tcp://127.0.0.1:{}", port);
-        options.rank = rank;
-        options.world_size = size;
-        options.backend = backend;
-        options.timeout = seconds(30);
-        Rank r;
-        r.rank = rank;
-        r.size = size;
-        r.port = port;
-        r.world = init_process_group(options);
-        std::vector<int> everyone(size);
-        std::iota(everyone.begin(), everyone.end(), 0);
-        if (backend == "tcp") {
-          for (const std::string& shm : shms) {
-            for (const std::string& algo : algos) {
-              NewGroupOptions group_options;
-              group_options.name = fmt::format("{}-shm{}", algo, shm);
-              group_options.backend_settings = {{"algo", algo}, {"shm", shm}};
-              try {
-                r.variants.push_back({algo, shm, r.world->new_group(everyone, group_options)});
-              } catch (const Error& e) {
-                // Every rank refuses the name alike, after the group's connections are made.
-                const bool unknown =
-                    e.code() == ErrorCode::InvalidArgument &&
-                    std::string_view(e.what()).find("unknown algorithm") != std::string_view::npos;
-                if (algo != kOptionalAlgorithm || !unknown) throw;
-              }
-            }
-          }
-        } else {
-          r.variants.push_back({"", "", r.world->new_group(everyone)});
-        }
-        body(r);
-        // Rank 0 hosts the store: everyone leaves together.
-        r.world->barrier()->wait();
-        r.report.throw_if_any();
-      },
+      size, [&](int rank) { run_rank(rank, size, port, algos, body, shms, debug_detail); },
       seconds(150));
   const std::string failures = test::describe_failures(results);
   INFO("world size " << size << ", backend " << backend << "\n" << failures);
