@@ -1,0 +1,111 @@
+// fsdp/fsdp.h: FSDP2-style per-parameter sharding of kit modules over a weft device mesh.
+//
+//   for (auto& block : model.blocks()) fsdp::fully_shard(*block, mesh);
+//   fsdp::fully_shard(model, mesh);            // the root: what no inner call claimed
+//   float loss = model.forward_loss(...);      // gathers each group before it runs
+//   model.backward_loss();                     // reduce-scatters each group's gradients
+//   for (fsdp::ShardedParam* p : fsdp::sharded_parameters(model)) adamw.step(p->shard, p->grad);
+//
+// Sharding. Every parameter is split on dim 0 like torch.chunk across the mesh's shard dimension:
+// chunk = ceil(dim0 / n) rows, rank r holds rows [r * chunk, min((r + 1) * chunk, dim0)) (trailing
+// ranks may hold fewer or none), padded with zeros to `chunk` rows so every rank's shard has the
+// same length. Each rank keeps, per parameter, its float32 shard (the master weights the
+// optimizer updates) and a float32 sharded gradient.
+//
+// Groups. One fully_shard(module) call makes one group of that module's parameters that no inner
+// call claimed (so apply it bottom-up: blocks first, the model last). Per group and step: one
+// all_gather_into_tensor of every rank's packed shards (rank-major) before the module's forward,
+// after which each parameter's full tensor is copied out of the gathered buffer; the gathered
+// parameters are freed after forward (reshard_after_forward; never for the root, whose backward
+// starts at once), gathered again before the module's backward, and after it one
+// reduce_scatter_tensor of the packed, padded gradients (average, or premul_sum by
+// 1/gradient_divide_factor), asynchronously, overlapping the rest of backward; the root's
+// post-backward waits for all of them. With a 2-D mesh (replicate x shard: HSDP) the
+// reduce-scatter runs over the shard dimension, then an all_reduce over the replicate dimension.
+//
+// Prefetch. A group's pre-forward hook starts the next group's all-gather (in the order the
+// groups ran forward the step before, or set_modules_to_forward_prefetch's list); its
+// pre-backward hook starts the previous group's (reverse order, or
+// set_modules_to_backward_prefetch). So at most two groups are unsharded at a time.
+//
+// Not thread-safe: one thread drives the model, as with the kit.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "weft/device_mesh.h"
+
+#include "fsdp/kit/module.h"
+
+namespace weft::fsdp {
+
+struct MixedPrecisionPolicy {
+  // dtype of the gathered parameters (bfloat16 halves all-gather traffic); unset: float32.
+  std::optional<kit::DType> param_dtype;
+  // dtype the gradients are reduce-scattered in; unset: param_dtype, or float32.
+  std::optional<kit::DType> reduce_dtype;
+};
+
+struct OffloadPolicy {
+  // Keep sharded parameters and gradients in the host pool (MemKind::Host) and copy them in
+  // just before they are needed: the CPU stand-in for FSDP2's CPU offload.
+  bool offload = false;
+};
+
+struct FullyShardOptions {
+  bool reshard_after_forward = true;
+  MixedPrecisionPolicy mp_policy;
+  OffloadPolicy offload_policy;
+  // Gradients are averaged over data-parallel ranks; with a factor f they are summed and divided
+  // by f instead (premul_sum by 1/f).
+  std::optional<double> gradient_divide_factor;
+};
+
+// One parameter as a rank holds it.
+struct ShardedParam {
+  std::string fqn;                  // dotted name from the root ("transformer.h.0.ln_1.weight")
+  kit::Parameter* param = nullptr;  // the module's parameter (data: gathered view or empty)
+  std::vector<int64_t> full_shape;
+  int64_t row_elements = 1;  // product of full_shape[1:]
+  int64_t chunk_rows = 0;    // ceil(dim0 / shard size)
+  int64_t rows = 0;          // rows this rank really holds (<= chunk_rows)
+  kit::Tensor shard;         // float32 [chunk_rows * row_elements]; padding rows are zero
+  kit::Tensor grad;          // float32, like shard; accumulates over steps until zeroed
+  std::shared_ptr<ProcessGroup> shard_group;      // the ranks the rows are spread over
+  std::shared_ptr<ProcessGroup> replicate_group;  // HSDP's replicas; null on a 1-D mesh
+};
+
+// Shards `module` over `mesh` (1-D: shard; 2-D: replicate x shard). Call on every rank with the
+// same module tree. Error(InvalidArgument) for a mesh of more than two dimensions or a module
+// already sharded.
+void fully_shard(kit::Module& module, const DeviceMesh& mesh, FullyShardOptions options = {});
+
+// Every sharded parameter under `root` (a module fully_shard was applied to), in
+// named_parameters() order.
+std::vector<ShardedParam*> sharded_parameters(kit::Module& root);
+
+// Gradient accumulation: with sync off, backward keeps the unsharded gradients and skips the
+// reduce-scatter; turn it back on for the last micro-batch.
+void set_requires_gradient_sync(kit::Module& root, bool sync);
+
+// Explicit prefetch: when `module`'s group runs forward (backward), start these groups'
+// all-gathers. Each must be a module fully_shard was applied to.
+void set_modules_to_forward_prefetch(kit::Module& module, std::vector<kit::Module*> modules);
+void set_modules_to_backward_prefetch(kit::Module& module, std::vector<kit::Module*> modules);
+
+// Zeroes every sharded gradient under `root` (after the optimizer step).
+void zero_sharded_grads(kit::Module& root);
+
+// Counters for tests and benchmarks, per root: collectives issued and the largest number of
+// bytes of unsharded parameters alive at once.
+struct FsdpStats {
+  int64_t all_gathers = 0;
+  int64_t reduce_scatters = 0;
+  int64_t peak_unsharded_param_bytes = 0;
+};
+FsdpStats stats(kit::Module& root);
+
+}  // namespace weft::fsdp

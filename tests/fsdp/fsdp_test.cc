@@ -1,0 +1,409 @@
+// FSDP against single-process training: the same model, the same data and the same optimizer
+// must give the same losses on N ranks as on one. The reference runs here, in the test process,
+// with the kit alone (no weft, no sharding); the sharded runs are real processes over the tcp
+// backend. Also: uneven and tiny dims, HSDP, gradient accumulation, mixed precision, and the
+// memory the tracker counts.
+#include "fsdp/fsdp.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "weft/device_mesh.h"
+#include "weft/tcp_store.h"
+
+#include "fsdp/kit/models.h"
+#include "fsdp/state.h"
+#include "fsdp/train/data.h"
+#include "fsdp/train/optim.h"
+#include "fsdp/train/safetensors.h"
+#include "tests/support/multiproc.h"
+
+namespace weft {
+namespace {
+
+using kit::GPT;
+using kit::GptConfig;
+
+constexpr int kSteps = 20;
+constexpr int64_t kBatch = 8;  // global, in sequences
+const GptConfig kConfig{.vocab_size = 32, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+const train::AdamW kAdamW{
+    .lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+
+train::TokenSource corpus() {
+  return train::TokenSource::synthetic(
+      {.vocab_size = kConfig.vocab_size, .n_tokens = 4096, .seed = 7});
+}
+
+// kSteps of AdamW on the whole global batch, one process, no FSDP.
+std::vector<float> reference_losses(int micro_batches = 1) {
+  GPT model(kConfig);
+  kit::init_gpt(model, 1234);
+  train::Optimizer optimizer(kAdamW);
+  auto params = model.named_parameters();
+  std::vector<train::OptimizerState> states(params.size());
+  train::TokenSource data = corpus();
+  std::vector<float> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    train::Batch batch = data.batch(step, kBatch, kConfig.block_size);
+    float loss = 0;
+    for (int m = 0; m < micro_batches; ++m) {
+      train::Batch micro = train::micro_batch(batch, m, micro_batches);
+      loss += model.forward_loss(micro.inputs, micro.targets, int(micro.sequences),
+                                 int(kConfig.block_size)) /
+              float(micro_batches);
+      model.backward_loss();
+    }
+    losses.push_back(loss);
+    for (size_t i = 0; i < params.size(); ++i) {
+      kit::Parameter& p = *params[i].second;
+      std::vector<float> grad = p.grad.to_vector();
+      for (float& g : grad) g /= float(micro_batches);
+      optimizer.step({p.data.f32(), size_t(p.data.numel())}, grad, states[i]);
+    }
+    model.zero_grad();
+  }
+  return losses;
+}
+
+struct RunOptions {
+  std::vector<int> mesh_shape;  // {N} (FSDP) or {R, S} (HSDP)
+  int micro_batches = 1;
+  fsdp::FullyShardOptions shard;
+  int first_step = 0;
+  int steps = kSteps;
+  std::string load_dir;               // load this checkpoint before the first step
+  std::string save_dir;               // and save one here ...
+  int save_after = -1;                // ... once this many steps are done
+  int64_t* peak_unsharded = nullptr;  // the engine's peak of unsharded parameter bytes
+};
+
+RunOptions on_mesh(std::vector<int> shape, int micro_batches = 1,
+                   fsdp::FullyShardOptions shard = {}) {
+  RunOptions run;
+  run.mesh_shape = std::move(shape);
+  run.micro_batches = micro_batches;
+  run.shard = shard;
+  return run;
+}
+
+// The sharded run on one rank; returns the global losses (the same on every rank).
+std::vector<float> sharded_losses(const std::shared_ptr<ProcessGroup>& world,
+                                  const RunOptions& run) {
+  std::vector<std::string> names = run.mesh_shape.size() == 1
+                                       ? std::vector<std::string>{"dp"}
+                                       : std::vector<std::string>{"replicate", "shard"};
+  DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, run.mesh_shape, names, world);
+  GPT model(kConfig);
+  kit::init_gpt(model, 1234);
+  for (size_t i = 0; i < size_t(kConfig.n_layer); ++i) {
+    fsdp::fully_shard(model.transformer.block(i), mesh, run.shard);
+  }
+  fsdp::fully_shard(model, mesh, run.shard);
+  train::Optimizer optimizer(kAdamW);
+  std::vector<fsdp::ShardedParam*> params = fsdp::sharded_parameters(model);
+  std::vector<train::OptimizerState> states(params.size());
+  if (!run.load_dir.empty()) fsdp::load_checkpoint(model, run.load_dir, optimizer, states);
+  train::TokenSource data = corpus();
+  // Data parallel over every rank of the mesh (replicas and shards alike).
+  const int dp_rank = world->rank(), dp_size = world->size();
+  std::vector<float> losses;
+  for (int step = run.first_step; step < run.first_step + run.steps; ++step) {
+    train::Batch mine = data.sequences(step, kBatch, kConfig.block_size,
+                                       train::rank_sequences(kBatch, dp_rank, dp_size));
+    float loss = 0;
+    for (int m = 0; m < run.micro_batches; ++m) {
+      fsdp::set_requires_gradient_sync(model, m == run.micro_batches - 1);
+      train::Batch micro = train::micro_batch(mine, m, run.micro_batches);
+      loss += model.forward_loss(micro.inputs, micro.targets, int(micro.sequences),
+                                 int(kConfig.block_size)) /
+              float(run.micro_batches);
+      model.backward_loss();
+    }
+    world->all_reduce(Tensor::of(&loss, 1), ReduceOp::Avg)->wait();
+    losses.push_back(loss);
+    for (size_t i = 0; i < params.size(); ++i) {
+      fsdp::ShardedParam& p = *params[i];
+      std::vector<float> grad = p.grad.to_vector();
+      for (float& g : grad) g /= float(run.micro_batches);
+      optimizer.step({p.shard.f32(), size_t(p.shard.numel())}, grad, states[i]);
+    }
+    fsdp::zero_sharded_grads(model);
+    if (step + 1 == run.save_after) fsdp::save_checkpoint(model, run.save_dir, optimizer, states);
+  }
+  if (run.peak_unsharded) *run.peak_unsharded = fsdp::stats(model).peak_unsharded_param_bytes;
+  return losses;
+}
+
+std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size) {
+  ProcessGroupOptions options;
+  options.url = fmt::format("tcp://127.0.0.1:{}", port);
+  options.rank = rank;
+  options.world_size = size;
+  options.timeout = std::chrono::seconds(60);
+  return init_process_group(options);
+}
+
+void expect_losses(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                   const std::string& what) {
+  RANK_CHECK(got.size() == want.size(), "{}: {} losses", what, got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    double err = std::fabs(double(got[i]) - want[i]) / std::max(1e-12, std::fabs(double(want[i])));
+    RANK_CHECK(err <= rel, "{}: step {} loss {} vs single process {} (rel {:.3g} > {:.3g})\n{}\n{}",
+               what, i, got[i], want[i], err, rel, got, want);
+  }
+}
+
+// Unsharded bytes of the model's root group and of one block, as float32.
+std::pair<int64_t, int64_t> group_bytes() {
+  GPT model(kConfig);
+  int64_t total = 0, block = 0;
+  for (auto& [name, p] : model.named_parameters()) total += p->data.numel() * 4;
+  for (auto& [name, p] : model.transformer.block(0).named_parameters())
+    block += p->data.numel() * 4;
+  return {total - kConfig.n_layer * block, block};
+}
+
+TEST_CASE("fsdp: 2 and 4 ranks give the single-process losses (AdamW, fp32)", "[fsdp]") {
+  const std::vector<float> want = reference_losses();
+  REQUIRE(want.front() > want.back());  // it learns
+  const auto [root_bytes, block_bytes] = group_bytes();
+  for (int ranks : {2, 4}) {
+    const uint16_t port = test::free_port();
+    test::run_ranks_ok(
+        ranks,
+        [&](int rank) {
+          auto world = join(port, rank, ranks);
+          int64_t peak = 0;
+          RunOptions run = on_mesh({ranks});
+          run.peak_unsharded = &peak;
+          expect_losses(sharded_losses(world, run), want, 1e-5,
+                        fmt::format("FSDP on {} ranks", ranks));
+          // The root group stays gathered from its forward to its backward (as in FSDP2); with
+          // prefetch, one block runs while the next one gathers: never more than two blocks.
+          RANK_CHECK(peak == root_bytes + 2 * block_bytes, "peak unsharded {} B, root {} + 2 x {}",
+                     peak, root_bytes, block_bytes);
+        },
+        std::chrono::seconds(120));
+  }
+}
+
+TEST_CASE("fsdp: a checkpoint saved on 4 ranks resumes on 2 and on 1", "[fsdp]") {
+  const std::vector<float> want = reference_losses();
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           fmt::format("weft-fsdp-ckpt-{}", static_cast<int>(getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  const int half = kSteps / 2;
+  {
+    const uint16_t port = test::free_port();
+    test::run_ranks_ok(
+        4,
+        [&](int rank) {
+          auto world = join(port, rank, 4);
+          RunOptions run = on_mesh({4});
+          run.save_dir = dir;
+          run.save_after = half;
+          expect_losses(sharded_losses(world, run), want, 1e-5, "4 ranks, saving at the middle");
+        },
+        std::chrono::seconds(120));
+  }
+  REQUIRE(std::filesystem::exists(dir + "/metadata.safetensors"));
+  REQUIRE(std::filesystem::exists(dir + "/rank-3.safetensors"));
+  const std::vector<float> rest(want.begin() + half, want.end());
+  for (int ranks : {2, 1}) {
+    const uint16_t port = test::free_port();
+    test::run_ranks_ok(
+        ranks,
+        [&](int rank) {
+          auto world = join(port, rank, ranks);
+          RunOptions run = on_mesh({ranks});
+          run.load_dir = dir;
+          run.first_step = half;
+          run.steps = kSteps - half;
+          expect_losses(sharded_losses(world, run), rest, 1e-5,
+                        fmt::format("resumed on {} ranks", ranks));
+        },
+        std::chrono::seconds(120));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fsdp: full weights export to and import from safetensors", "[fsdp]") {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            fmt::format("weft-fsdp-{}.safetensors", static_cast<int>(getpid())))
+                               .string();
+  GPT reference(kConfig);
+  kit::init_gpt(reference, 1234);
+  {
+    const uint16_t port = test::free_port();
+    test::run_ranks_ok(3, [&](int rank) {
+      auto world = join(port, rank, 3);
+      DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {3}, {"dp"}, world);
+      GPT model(kConfig);
+      kit::init_gpt(model, 1234);
+      for (size_t i = 0; i < size_t(kConfig.n_layer); ++i) {
+        fsdp::fully_shard(model.transformer.block(i), mesh);
+      }
+      fsdp::fully_shard(model, mesh);
+      fsdp::export_safetensors(model, path);
+    });
+  }
+  // Every tensor, by nanoGPT's name, equals the unsharded model's, element by element.
+  train::SafeTensors file = train::read_safetensors(path);
+  auto params = reference.named_parameters();
+  REQUIRE(file.tensors.size() == params.size());
+  for (auto& [name, p] : params) {
+    const train::TensorEntry& entry = file.at(name);
+    CHECK(entry.dtype == "F32");
+    CHECK(entry.shape == p->shape);
+    CHECK(entry.to_f32() == p->data.to_vector());
+  }
+  // Imported into a model initialised differently, the shards take the file's values.
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    auto world = join(port, rank, 2);
+    DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {2}, {"dp"}, world);
+    GPT model(kConfig);
+    kit::init_gpt(model, 777);
+    fsdp::fully_shard(model, mesh);
+    fsdp::import_safetensors(model, path);
+    fsdp::StateDict state = fsdp::full_state_dict(model);
+    for (auto& [name, full] : state) {
+      RANK_CHECK(full.values == file.at(name).to_f32(), "{} differs after import", name);
+    }
+  });
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("fsdp: HSDP 2x2 gives the single-process losses", "[fsdp]") {
+  const std::vector<float> want = reference_losses();
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(
+      4,
+      [&](int rank) {
+        auto world = join(port, rank, 4);
+        expect_losses(sharded_losses(world, on_mesh({2, 2})), want, 1e-5, "HSDP 2x2");
+      },
+      std::chrono::seconds(120));
+}
+
+TEST_CASE("fsdp: gradient accumulation over 4 micro-batches equals one batch", "[fsdp]") {
+  const std::vector<float> want = reference_losses(1);
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(
+      2,
+      [&](int rank) {
+        auto world = join(port, rank, 2);
+        expect_losses(sharded_losses(world, on_mesh({2}, 4)), want, 1e-5,
+                      "2 ranks x 4 micro-batches");
+      },
+      std::chrono::seconds(120));
+}
+
+TEST_CASE("fsdp: bf16 gathers stay close to fp32 training", "[fsdp]") {
+  const std::vector<float> want = reference_losses();
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(
+      2,
+      [&](int rank) {
+        auto world = join(port, rank, 2);
+        fsdp::FullyShardOptions options;
+        options.mp_policy.param_dtype = kit::DType::BFloat16;
+        options.mp_policy.reduce_dtype = kit::DType::Float32;
+        // bfloat16 keeps 8 bits of mantissa: a few parts in a thousand on these losses.
+        expect_losses(sharded_losses(world, on_mesh({2}, 1, options)), want, 1e-2, "bf16 gathers");
+      },
+      std::chrono::seconds(120));
+}
+
+TEST_CASE("fsdp: uneven and tiny dims, and the memory the tracker counts", "[fsdp]") {
+  // dim 0 of 3 (< 4 ranks), 7 and 5 (primes): trailing ranks hold short or empty shards.
+  const std::vector<int64_t> dims = {7, 3, 5};
+  auto batch = [](int step) {
+    std::vector<float> x(8 * 7);
+    std::vector<int32_t> y(8);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(((i * 7 + step * 3) % 11)) / 11.0f - 0.5f;
+    for (size_t i = 0; i < y.size(); ++i) y[i] = int32_t((i + step) % 5);
+    return std::pair{x, y};
+  };
+  train::Optimizer sgd(train::SGD{.lr = 0.5});
+  std::vector<float> want;
+  {
+    kit::MlpModel model(dims);
+    kit::init_mlp(model, 99);
+    auto params = model.named_parameters();
+    std::vector<train::OptimizerState> states(params.size());
+    for (int step = 0; step < 5; ++step) {
+      auto [x, y] = batch(step);
+      want.push_back(
+          model.forward_loss(kit::Tensor::from({8, 7}, x, kit::MemKind::Activations), y));
+      model.backward_loss();
+      for (size_t i = 0; i < params.size(); ++i) {
+        kit::Parameter& p = *params[i].second;
+        sgd.step({p.data.f32(), size_t(p.data.numel())}, p.grad.to_vector(), states[i]);
+      }
+      model.zero_grad();
+    }
+  }
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(
+      4,
+      [&](int rank) {
+        auto world = join(port, rank, 4);
+        DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {4}, {"dp"}, world);
+        kit::MlpModel model(dims);
+        kit::init_mlp(model, 99);
+        fsdp::fully_shard(model.linear(0), mesh);
+        fsdp::fully_shard(model, mesh);
+        auto params = fsdp::sharded_parameters(model);
+        // Exactly the padded 1/N: chunk rows x row elements per parameter, in params and grads.
+        int64_t shard_bytes = 0;
+        for (fsdp::ShardedParam* p : params) {
+          int64_t dim0 = p->full_shape[0];
+          RANK_CHECK(p->chunk_rows == (dim0 + 3) / 4, "{}", p->fqn);
+          RANK_CHECK(p->rows == std::clamp<int64_t>(dim0 - rank * p->chunk_rows, 0, p->chunk_rows));
+          shard_bytes += p->chunk_rows * p->row_elements * 4;
+        }
+        auto& tracker = kit::MemoryTracker::global();
+        RANK_CHECK(tracker.current(kit::MemKind::Params) == shard_bytes, "params {} != {}",
+                   tracker.current(kit::MemKind::Params), shard_bytes);
+        RANK_CHECK(tracker.current(kit::MemKind::Grads) == shard_bytes);
+        std::vector<train::OptimizerState> states(params.size());
+        std::vector<float> got;
+        for (int step = 0; step < 5; ++step) {
+          auto [x, y] = batch(step);
+          // Every rank computes the same full batch: averaging equal gradients gives the same one.
+          float loss =
+              model.forward_loss(kit::Tensor::from({8, 7}, x, kit::MemKind::Activations), y);
+          model.backward_loss();
+          got.push_back(loss);
+          for (size_t i = 0; i < params.size(); ++i) {
+            fsdp::ShardedParam& p = *params[i];
+            sgd.step({p.shard.f32(), size_t(p.shard.numel())}, p.grad.to_vector(), states[i]);
+          }
+          fsdp::zero_sharded_grads(model);
+          // Between steps nothing unsharded stays behind.
+          RANK_CHECK(tracker.current(kit::MemKind::Params) == shard_bytes, "step {}", step);
+          RANK_CHECK(tracker.current(kit::MemKind::Comm) == 0, "step {}", step);
+        }
+        expect_losses(got, want, 1e-5, "uneven dims on 4 ranks");
+        fsdp::FsdpStats s = fsdp::stats(model);
+        RANK_CHECK(s.all_gathers >= 5 * 2 && s.reduce_scatters == 5 * 2, "{} {}", s.all_gathers,
+                   s.reduce_scatters);
+      },
+      std::chrono::seconds(120));
+}
+
+}  // namespace
+}  // namespace weft
