@@ -333,12 +333,13 @@ TEST_CASE("every collective moves the C arguments where the C++ API expects them
 TEST_CASE("a pending work tests not done and times out a short wait; a freed one still runs",
           "[c_api][multiproc]") {
   const uint16_t port = test::free_port();
+  Signal rank0_tested, rank0_freed;
   test::run_ranks_ok(2, [&](int rank) {
     weft_group_t* g = join(port, rank, 2);
-    // Rank 1 issues its half late, so rank 0's all_reduce cannot complete before then.
+    // Rank 1 issues its half only once rank 0 has tested and waited on its pending work.
     int64_t x[3] = {rank + 1, rank + 1, rank + 1};
     weft_work_t* work = nullptr;
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (rank == 1) rank0_tested.wait();
     EXPECT_OK(weft_all_reduce(g, x, x, 3, WEFT_INT64, WEFT_SUM, &work));
     RANK_CHECK(work != nullptr);
     if (rank == 0) {
@@ -350,6 +351,7 @@ TEST_CASE("a pending work tests not done and times out a short wait; a freed one
       const auto start = Clock::now();
       EXPECT_RESULT(weft_work_wait(work, 50), WEFT_ERR_TIMEOUT, "did not complete within");
       RANK_CHECK(Clock::now() - start >= std::chrono::milliseconds(50));
+      rank0_tested.post();
     }
     EXPECT_OK(weft_work_wait(work, -1));  // the work's own timeout: the group's 20 s
     int done = 0;
@@ -362,10 +364,11 @@ TEST_CASE("a pending work tests not done and times out a short wait; a freed one
     // Freed before it could complete (rank 1 is late again): it still runs, in issue order, so
     // once the barrier after it returns, its output is final.
     int64_t y[2] = {10 * (rank + 1), 10 * (rank + 1)};
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (rank == 1) rank0_freed.wait();
     work = nullptr;
     EXPECT_OK(weft_all_reduce(g, y, y, 2, WEFT_INT64, WEFT_SUM, &work));
     EXPECT_OK(weft_work_free(work));
+    if (rank == 0) rank0_freed.post();
     EXPECT_OK(weft_barrier(g, nullptr));
     for (int64_t v : y) RANK_CHECK(v == 10 + 20, "{}", v);
     leave(g);
@@ -390,7 +393,6 @@ TEST_CASE("abort fails pending work with WEFT_ERR_ABORTED and the reason; so do 
     float x[8] = {};
     weft_work_t* work = nullptr;
     EXPECT_OK(weft_all_reduce(g, x, x, 8, WEFT_FLOAT32, WEFT_SUM, &work));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     EXPECT_OK(weft_group_abort(g, "the test gives up on rank 1"));
     EXPECT_RESULT(weft_work_wait(work, 5000), WEFT_ERR_ABORTED, "the test gives up on rank 1");
     int done = 0;
