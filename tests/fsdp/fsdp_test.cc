@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -154,6 +156,20 @@ std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size) {
   return init_process_group(options);
 }
 
+// Ends a rank's part with a world barrier (unless it is failing already): rank 0 hosts the store
+// and its exit must not cut off ranks still finishing their last collective.
+struct LeaveLast {
+  ProcessGroup& world;
+  ~LeaveLast() {
+    if (std::uncaught_exceptions() > 0) return;
+    try {
+      world.barrier()->wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "final barrier: %s\n", e.what());
+    }
+  }
+};
+
 void expect_losses(const std::vector<float>& got, const std::vector<float>& want, double rel,
                    const std::string& what) {
   RANK_CHECK(got.size() == want.size(), "{}: {} losses", what, got.size());
@@ -184,6 +200,7 @@ TEST_CASE("fsdp: 2 and 4 ranks give the single-process losses (AdamW, fp32)", "[
         ranks,
         [&](int rank) {
           auto world = join(port, rank, ranks);
+          LeaveLast last{*world};
           int64_t peak = 0;
           RunOptions run = on_mesh({ranks});
           run.peak_unsharded = &peak;
@@ -211,6 +228,7 @@ TEST_CASE("fsdp: a checkpoint saved on 4 ranks resumes on 2 and on 1", "[fsdp]")
         4,
         [&](int rank) {
           auto world = join(port, rank, 4);
+          LeaveLast last{*world};
           RunOptions run = on_mesh({4});
           run.save_dir = dir;
           run.save_after = half;
@@ -227,6 +245,7 @@ TEST_CASE("fsdp: a checkpoint saved on 4 ranks resumes on 2 and on 1", "[fsdp]")
         ranks,
         [&](int rank) {
           auto world = join(port, rank, ranks);
+          LeaveLast last{*world};
           RunOptions run = on_mesh({ranks});
           run.load_dir = dir;
           run.first_step = half;
@@ -249,6 +268,7 @@ TEST_CASE("fsdp: full weights export to and import from safetensors", "[fsdp]") 
     const uint16_t port = test::free_port();
     test::run_ranks_ok(3, [&](int rank) {
       auto world = join(port, rank, 3);
+      LeaveLast last{*world};
       DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {3}, {"dp"}, world);
       GPT model(kConfig);
       kit::init_gpt(model, 1234);
@@ -273,6 +293,7 @@ TEST_CASE("fsdp: full weights export to and import from safetensors", "[fsdp]") 
   const uint16_t port = test::free_port();
   test::run_ranks_ok(2, [&](int rank) {
     auto world = join(port, rank, 2);
+    LeaveLast last{*world};
     DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {2}, {"dp"}, world);
     GPT model(kConfig);
     kit::init_gpt(model, 777);
@@ -293,6 +314,7 @@ TEST_CASE("fsdp: HSDP 2x2 gives the single-process losses", "[fsdp]") {
       4,
       [&](int rank) {
         auto world = join(port, rank, 4);
+        LeaveLast last{*world};
         expect_losses(sharded_losses(world, on_mesh({2, 2})), want, 1e-5, "HSDP 2x2");
       },
       std::chrono::seconds(120));
@@ -305,6 +327,7 @@ TEST_CASE("fsdp: gradient accumulation over 4 micro-batches equals one batch", "
       2,
       [&](int rank) {
         auto world = join(port, rank, 2);
+        LeaveLast last{*world};
         expect_losses(sharded_losses(world, on_mesh({2}, 4)), want, 1e-5,
                       "2 ranks x 4 micro-batches");
       },
@@ -318,11 +341,13 @@ TEST_CASE("fsdp: bf16 gathers stay close to fp32 training", "[fsdp]") {
       2,
       [&](int rank) {
         auto world = join(port, rank, 2);
+        LeaveLast last{*world};
         fsdp::FullyShardOptions options;
         options.mp_policy.param_dtype = kit::DType::BFloat16;
         options.mp_policy.reduce_dtype = kit::DType::Float32;
-        // bfloat16 keeps 8 bits of mantissa: a few parts in a thousand on these losses.
-        expect_losses(sharded_losses(world, on_mesh({2}, 1, options)), want, 1e-2, "bf16 gathers");
+        // bfloat16 keeps 8 bits of mantissa. Measured: 1.0e-4 at most over 20 steps of
+        // weft-train against PyTorch in fp32 (docs/fsdp.md); tested with 10x room.
+        expect_losses(sharded_losses(world, on_mesh({2}, 1, options)), want, 1e-3, "bf16 gathers");
       },
       std::chrono::seconds(120));
 }
@@ -361,6 +386,7 @@ TEST_CASE("fsdp: uneven and tiny dims, and the memory the tracker counts", "[fsd
       4,
       [&](int rank) {
         auto world = join(port, rank, 4);
+        LeaveLast last{*world};
         DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {4}, {"dp"}, world);
         kit::MlpModel model(dims);
         kit::init_mlp(model, 99);

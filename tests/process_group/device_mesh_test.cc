@@ -84,6 +84,10 @@ void check_group(const std::shared_ptr<ProcessGroup>& group, int world_rank, uin
   }
 }
 
+// Ends a rank's part: rank 0 hosts the store and must not exit while another rank still
+// connects a group through it, so every rank passes a world barrier first.
+void leave(ProcessGroup& world) { world.barrier()->wait(); }
+
 // The ranks a mask names, ascending.
 std::vector<int> members(uint64_t mask) {
   std::vector<int> out;
@@ -104,6 +108,7 @@ TEST_CASE("device mesh: 1-D over 8 ranks reuses the world group", "[device_mesh]
     RANK_CHECK(mesh.size() == 8 && mesh.size("dp") == 8 && mesh.ndim() == 1);
     RANK_CHECK(mesh.ranks() == identity());
     check_group(mesh.group(), rank, 0xff, "dp");
+    leave(*world);
   });
 }
 
@@ -134,6 +139,7 @@ TEST_CASE("device mesh: 2-D, 2x4 and 4x2, one group per dimension", "[device_mes
       }
       RANK_CHECK(world->child_groups() == before + 2, "slicing made groups");
     }
+    leave(*world);
   });
 }
 
@@ -173,6 +179,7 @@ TEST_CASE("device mesh: 3-D 2x2x2, sub-meshes and flattened dimensions", "[devic
     // Flattening every dimension of an identity layout is the parent itself.
     RANK_CHECK(mesh.flatten({"dp", "cp", "tp"}).group() == world);
     RANK_CHECK(world->child_groups() == 5, "{}", world->child_groups());
+    leave(*world);
   });
 }
 
@@ -208,6 +215,7 @@ TEST_CASE("device mesh: two meshes at once, and an explicit layout", "[device_me
     // Within b's x group, ranks follow the layout's order along x.
     RANK_CHECK(b.group("x")->rank() == b.coordinate()[0]);
     check_group(b.group("y"), rank, expected[3], "reversed y");
+    leave(*world);
   });
 }
 
@@ -263,6 +271,7 @@ TEST_CASE("device mesh: argument errors name the problem", "[device_mesh]") {
     mesh.flatten({"dp", "cp"}, "dp_cp");
     expect_invalid([&] { (void)mesh[{"dp", "dp_cp"}]; }, "out of order");
     RANK_CHECK(world->child_groups() == 4, "{}", world->child_groups());
+    leave(*world);
   });
 }
 
