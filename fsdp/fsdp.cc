@@ -132,6 +132,8 @@ Group& require_group(const kit::Module& module, const char* what) {
   return *g;
 }
 
+bool communication_enabled = true;  // set_communication_enabled_for_benchmark()
+
 // ---- Unsharding and resharding.
 
 void issue_gather(Group& g) {
@@ -141,8 +143,17 @@ void issue_gather(Group& g) {
     const ShardedParam& p = g.params[i];
     store_f32(g.gathered, g.rank * g.packed + g.offsets[i], p.shard.f32(), p.shard.numel());
   }
-  g.gather_work = g.shard_pg->all_gather_into_tensor(wire(g.gathered, 0, g.size * g.packed),
-                                                     wire(g.gathered, g.rank * g.packed, g.packed));
+  if (communication_enabled) {
+    g.gather_work = g.shard_pg->all_gather_into_tensor(
+        wire(g.gathered, 0, g.size * g.packed), wire(g.gathered, g.rank * g.packed, g.packed));
+  } else {  // benchmark mode: every slot gets this rank's shards
+    const size_t bytes = g.packed * kit::dtype_size(g.param_dtype());
+    auto* base = static_cast<char*>(g.gathered.data());
+    for (int r = 0; r < g.size; ++r) {
+      if (r != g.rank) std::memcpy(base + r * bytes, base + g.rank * bytes, bytes);
+    }
+    g.gather_work = Work::completed();
+  }
   g.state = Group::State::Gathering;
   Context& ctx = *g.ctx;
   ++ctx.stats.all_gathers;
@@ -208,8 +219,14 @@ void reduce_gradients(Group& g) {
   ReduceOp op = g.options.gradient_divide_factor
                     ? ReduceOp::premul_sum(1.0 / *g.options.gradient_divide_factor)
                     : ReduceOp(ReduceOp::Avg);
-  auto work =
-      g.shard_pg->reduce_scatter_tensor(wire(output, 0, g.packed), wire(input, 0, total), op);
+  std::shared_ptr<Work> work;
+  if (communication_enabled) {
+    work = g.shard_pg->reduce_scatter_tensor(wire(output, 0, g.packed), wire(input, 0, total), op);
+  } else {  // benchmark mode: this rank's own block only
+    std::memcpy(output.data(), static_cast<char*>(input.data()) + g.rank * output.nbytes(),
+                output.nbytes());
+    work = Work::completed();
+  }
   ++g.ctx->stats.reduce_scatters;
   g.ctx->pending.push_back({&g, std::move(input), std::move(output), std::move(work)});
 }
@@ -218,7 +235,7 @@ void finish_reductions(Context& ctx) {
   for (PendingReduce& r : ctx.pending) {
     r.work->wait();
     Group& g = *r.group;
-    if (g.replicate_pg) {
+    if (g.replicate_pg && communication_enabled) {
       ReduceOp op =
           g.options.gradient_divide_factor ? ReduceOp(ReduceOp::Sum) : ReduceOp(ReduceOp::Avg);
       g.replicate_pg->all_reduce(wire(r.output, 0, g.packed), op)->wait();
@@ -390,5 +407,7 @@ void zero_sharded_grads(kit::Module& root) {
 }
 
 FsdpStats stats(kit::Module& root) { return require_group(root, "stats").ctx->stats; }
+
+void set_communication_enabled_for_benchmark(bool enabled) { communication_enabled = enabled; }
 
 }  // namespace weft::fsdp

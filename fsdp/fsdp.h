@@ -108,4 +108,9 @@ struct FsdpStats {
 };
 FsdpStats stats(kit::Module& root);
 
+// For benchmarks only: with communication off, every all-gather and reduce-scatter is replaced by
+// a local copy of this rank's own data (so results are WRONG), which times the step's compute
+// and copies alone; the difference from a normal step is the communication left exposed.
+void set_communication_enabled_for_benchmark(bool enabled);
+
 }  // namespace weft::fsdp

@@ -48,6 +48,7 @@ struct Options {
   bool bf16 = false;
   bool offload = false;
   bool prefetch = true;
+  bool no_comm = false;  // benchmark only: wrong results
   std::string save, load, export_path;
 };
 
@@ -60,6 +61,7 @@ struct Options {
                "  [--seed N] [--init FILE.safetensors] [--data FILE] [--synthetic-tokens N]\n"
                "  [--data-seed N] [--micro-batches M] [--mesh RxS] [--mp bf16] [--offload]\n"
                "  [--no-prefetch] [--save DIR] [--load DIR] [--export FILE.safetensors]\n"
+               "  [--no-comm-benchmark]\n"
                "(launch under weftrun, torchrun, srun or mpirun; docs/fsdp.md)\n",
                why.c_str());
   std::exit(2);
@@ -136,6 +138,8 @@ Options parse(int argc, char** argv) {
       o.offload = true;
     else if (flag == "--no-prefetch")
       o.prefetch = false;
+    else if (flag == "--no-comm-benchmark")
+      o.no_comm = true;
     else if (flag == "--save")
       o.save = value();
     else if (flag == "--load")
@@ -190,6 +194,11 @@ int run(const Options& o) {
     }
   }
   if (!o.init.empty()) fsdp::import_safetensors(model, o.init);
+  if (o.no_comm) {
+    // Times compute and copies alone; the losses printed are not the model's.
+    if (rank == 0) std::fprintf(stderr, "weft-train: --no-comm-benchmark: results are wrong\n");
+    fsdp::set_communication_enabled_for_benchmark(false);
+  }
 
   train::Optimizer optimizer =
       o.optim == "adamw" ? train::Optimizer(train::AdamW{.lr = o.lr,

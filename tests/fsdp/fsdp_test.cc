@@ -352,7 +352,7 @@ TEST_CASE("fsdp: bf16 gathers stay close to fp32 training", "[fsdp]") {
       std::chrono::seconds(120));
 }
 
-TEST_CASE("fsdp: uneven and tiny dims, and the memory the tracker counts", "[fsdp]") {
+TEST_CASE("fsdp: uneven and tiny dims, offload, and the memory the tracker counts", "[fsdp]") {
   // dim 0 of 3 (< 4 ranks), 7 and 5 (primes): trailing ranks hold short or empty shards.
   const std::vector<int64_t> dims = {7, 3, 5};
   auto batch = [](int step) {
@@ -362,7 +362,7 @@ TEST_CASE("fsdp: uneven and tiny dims, and the memory the tracker counts", "[fsd
     for (size_t i = 0; i < y.size(); ++i) y[i] = int32_t((i + step) % 5);
     return std::pair{x, y};
   };
-  train::Optimizer sgd(train::SGD{.lr = 0.5});
+  train::Optimizer sgd(train::SGD{.lr = 0.5, .momentum = 0.9});
   std::vector<float> want;
   {
     kit::MlpModel model(dims);
@@ -381,54 +381,78 @@ TEST_CASE("fsdp: uneven and tiny dims, and the memory the tracker counts", "[fsd
       model.zero_grad();
     }
   }
-  const uint16_t port = test::free_port();
-  test::run_ranks_ok(
-      4,
-      [&](int rank) {
-        auto world = join(port, rank, 4);
-        LeaveLast last{*world};
-        DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {4}, {"dp"}, world);
-        kit::MlpModel model(dims);
-        kit::init_mlp(model, 99);
-        fsdp::fully_shard(model.linear(0), mesh);
-        fsdp::fully_shard(model, mesh);
-        auto params = fsdp::sharded_parameters(model);
-        // Exactly the padded 1/N: chunk rows x row elements per parameter, in params and grads.
-        int64_t shard_bytes = 0;
-        for (fsdp::ShardedParam* p : params) {
-          int64_t dim0 = p->full_shape[0];
-          RANK_CHECK(p->chunk_rows == (dim0 + 3) / 4, "{}", p->fqn);
-          RANK_CHECK(p->rows == std::clamp<int64_t>(dim0 - rank * p->chunk_rows, 0, p->chunk_rows));
-          shard_bytes += p->chunk_rows * p->row_elements * 4;
-        }
-        auto& tracker = kit::MemoryTracker::global();
-        RANK_CHECK(tracker.current(kit::MemKind::Params) == shard_bytes, "params {} != {}",
-                   tracker.current(kit::MemKind::Params), shard_bytes);
-        RANK_CHECK(tracker.current(kit::MemKind::Grads) == shard_bytes);
-        std::vector<train::OptimizerState> states(params.size());
-        std::vector<float> got;
-        for (int step = 0; step < 5; ++step) {
-          auto [x, y] = batch(step);
-          // Every rank computes the same full batch: averaging equal gradients gives the same one.
-          float loss =
-              model.forward_loss(kit::Tensor::from({8, 7}, x, kit::MemKind::Activations), y);
-          model.backward_loss();
-          got.push_back(loss);
-          for (size_t i = 0; i < params.size(); ++i) {
-            fsdp::ShardedParam& p = *params[i];
-            sgd.step({p.shard.f32(), size_t(p.shard.numel())}, p.grad.to_vector(), states[i]);
+  for (bool offload : {false, true}) {
+    const uint16_t port = test::free_port();
+    test::run_ranks_ok(
+        4,
+        [&](int rank) {
+          auto world = join(port, rank, 4);
+          LeaveLast last{*world};
+          auto& tracker = kit::MemoryTracker::global();
+          int64_t before[kit::kNumMemKinds];
+          for (int k = 0; k < kit::kNumMemKinds; ++k) {
+            before[k] = tracker.current(static_cast<kit::MemKind>(k));
           }
-          fsdp::zero_sharded_grads(model);
-          // Between steps nothing unsharded stays behind.
-          RANK_CHECK(tracker.current(kit::MemKind::Params) == shard_bytes, "step {}", step);
-          RANK_CHECK(tracker.current(kit::MemKind::Comm) == 0, "step {}", step);
-        }
-        expect_losses(got, want, 1e-5, "uneven dims on 4 ranks");
-        fsdp::FsdpStats s = fsdp::stats(model);
-        RANK_CHECK(s.all_gathers >= 5 * 2 && s.reduce_scatters == 5 * 2, "{} {}", s.all_gathers,
-                   s.reduce_scatters);
-      },
-      std::chrono::seconds(120));
+          auto held = [&](kit::MemKind kind) { return tracker.current(kind) - before[int(kind)]; };
+          DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {4}, {"dp"}, world);
+          kit::MlpModel model(dims);
+          kit::init_mlp(model, 99);
+          fsdp::FullyShardOptions options;
+          options.offload_policy.offload = offload;
+          fsdp::fully_shard(model.linear(0), mesh, options);
+          fsdp::fully_shard(model, mesh, options);
+          auto params = fsdp::sharded_parameters(model);
+          // Optimizer state (SGD's momentum buffer) in tracked memory, beside the shards.
+          const kit::MemKind state_kind = offload ? kit::MemKind::Host : kit::MemKind::Optimizer;
+          std::vector<kit::Tensor> momentum;
+          std::vector<int64_t> steps(params.size(), 0);
+          int64_t shard_bytes = 0;
+          for (fsdp::ShardedParam* p : params) {
+            int64_t dim0 = p->full_shape[0];
+            RANK_CHECK(p->chunk_rows == (dim0 + 3) / 4, "{}", p->fqn);
+            RANK_CHECK(p->rows ==
+                       std::clamp<int64_t>(dim0 - rank * p->chunk_rows, 0, p->chunk_rows));
+            shard_bytes += p->chunk_rows * p->row_elements * 4;
+            momentum.push_back(
+                kit::Tensor::zeros({p->shard.numel()}, kit::DType::Float32, state_kind));
+          }
+          // Params, grads and optimizer state: exactly the padded 1/N each, where they belong.
+          auto check_memory = [&](const char* when) {
+            const int64_t on_device = offload ? 0 : shard_bytes;
+            RANK_CHECK(held(kit::MemKind::Params) == on_device, "{}: params {}", when,
+                       held(kit::MemKind::Params));
+            RANK_CHECK(held(kit::MemKind::Grads) == on_device, "{}: grads", when);
+            RANK_CHECK(held(kit::MemKind::Optimizer) == on_device, "{}: optimizer", when);
+            RANK_CHECK(held(kit::MemKind::Host) == (offload ? 3 * shard_bytes : 0), "{}: host {}",
+                       when, held(kit::MemKind::Host));
+            RANK_CHECK(held(kit::MemKind::Comm) == 0, "{}: comm", when);
+          };
+          check_memory("after fully_shard");
+          std::vector<float> got;
+          for (int step = 0; step < 5; ++step) {
+            auto [x, y] = batch(step);
+            // Every rank computes the same full batch: averaging equal gradients gives the same.
+            float loss =
+                model.forward_loss(kit::Tensor::from({8, 7}, x, kit::MemKind::Activations), y);
+            model.backward_loss();
+            got.push_back(loss);
+            for (size_t i = 0; i < params.size(); ++i) {
+              fsdp::ShardedParam& p = *params[i];
+              std::span<float> buffer{momentum[i].f32(), size_t(momentum[i].numel())};
+              sgd.step({p.shard.f32(), size_t(p.shard.numel())}, p.grad.to_vector(),
+                       std::span<const std::span<float>>(&buffer, 1), steps[i]);
+            }
+            fsdp::zero_sharded_grads(model);
+            check_memory("between steps");  // nothing unsharded stays behind
+          }
+          expect_losses(got, want, 1e-5,
+                        offload ? "uneven dims on 4 ranks, offload" : "uneven dims on 4 ranks");
+          fsdp::FsdpStats s = fsdp::stats(model);
+          RANK_CHECK(s.all_gathers >= 5 * 2 && s.reduce_scatters == 5 * 2, "{} {}", s.all_gathers,
+                     s.reduce_scatters);
+        },
+        std::chrono::seconds(120));
+  }
 }
 
 }  // namespace
