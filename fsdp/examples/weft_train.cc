@@ -181,14 +181,18 @@ int run(const Options& o) {
     shard.mp_policy.reduce_dtype = kit::DType::Float32;
   }
   shard.offload_policy.offload = o.offload;
-  std::vector<kit::Module*> blocks;
+  // A group per block and one each for the embeddings, the final norm and the head (the root
+  // keeps none): at most the two largest groups are ever gathered at once.
+  std::vector<kit::Module*> groups = {&model.transformer.wte, &model.transformer.wpe};
   for (int64_t i = 0; i < o.model.n_layer; ++i) {
-    fsdp::fully_shard(model.transformer.block(size_t(i)), mesh, shard);
-    blocks.push_back(&model.transformer.block(size_t(i)));
+    groups.push_back(&model.transformer.block(size_t(i)));
   }
+  groups.push_back(&model.transformer.ln_f);
+  groups.push_back(&model.lm_head);
+  for (kit::Module* g : groups) fsdp::fully_shard(*g, mesh, shard);
   fsdp::fully_shard(model, mesh, shard);
   if (!o.prefetch) {
-    for (kit::Module* b : blocks) {
+    for (kit::Module* b : groups) {
       fsdp::set_modules_to_forward_prefetch(*b, {});
       fsdp::set_modules_to_backward_prefetch(*b, {});
     }
