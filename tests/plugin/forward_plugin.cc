@@ -269,20 +269,15 @@ void forward_finalize(void* context) { delete static_cast<Context*>(context); }
 
 extern "C" {
 
+// The polling build sets `test` (and `release`); the callback build leaves them NULL.
 #ifdef FORWARD_POLLING
-__attribute__((visibility("default"))) extern const weftBackendPlugin_v1_t weftBackendPlugin_v1;
-const weftBackendPlugin_v1_t weftBackendPlugin_v1 = {kName,
-                                                     WEFT_PLUGIN_ABI_VERSION,
-                                                     sizeof(weftBackendPlugin_v1_t),
-                                                     1u << WEFT_DEVICE_CPU,
-                                                     0,
-                                                     forward_init,
-                                                     forward_post,
-                                                     forward_test,
-                                                     forward_release,
-                                                     forward_abort,
-                                                     forward_finalize};
+#define FORWARD_TEST forward_test
+#define FORWARD_RELEASE forward_release
 #else
+#define FORWARD_TEST nullptr
+#define FORWARD_RELEASE nullptr
+#endif
+
 __attribute__((visibility("default"))) extern const weftBackendPlugin_v1_t weftBackendPlugin_v1;
 const weftBackendPlugin_v1_t weftBackendPlugin_v1 = {kName,
                                                      WEFT_PLUGIN_ABI_VERSION,
@@ -291,10 +286,9 @@ const weftBackendPlugin_v1_t weftBackendPlugin_v1 = {kName,
                                                      0,
                                                      forward_init,
                                                      forward_post,
-                                                     nullptr,
-                                                     nullptr,
+                                                     FORWARD_TEST,
+                                                     FORWARD_RELEASE,
                                                      forward_abort,
                                                      forward_finalize};
-#endif
 
 }  // extern "C"
