@@ -378,63 +378,85 @@ TEST_CASE("a pending work tests not done and times out a short wait; a freed one
 TEST_CASE("abort fails pending work with WEFT_ERR_ABORTED and the reason; so do later calls",
           "[c_api][multiproc]") {
   const uint16_t port = test::free_port();
-  Signal rank0_done;
+  Signal rank0_done, rank1_joined, rank1_done;
   test::run_ranks_ok(2, [&](int rank) {
-    weft_group_t* g = join(port, rank, 2);
     if (rank == 1) {
       // Issues nothing; stays alive (so rank 0 sees an abort, not a lost peer) until rank 0 is
-      // done.
+      // done. Rank 0's group hosts the store: it is not destroyed before this rank's weft_init
+      // returned (rank 0's own may return before this one has read the last of the rendezvous),
+      // and rank 0 stays until this rank is through.
+      Signal::PostAtExit post{rank1_done};
+      weft_group_t* g = nullptr;
+      {
+        Signal::PostAtExit joined{rank1_joined};
+        g = join(port, rank, 2);
+      }
       rank0_done.wait();
       EXPECT_OK(weft_group_abort(g, nullptr));
       EXPECT_OK(weft_group_destroy(g));
       return;
     }
-    Signal::PostAtExit post{rank0_done};
-    float x[8] = {};
-    weft_work_t* work = nullptr;
-    EXPECT_OK(weft_all_reduce(g, x, x, 8, WEFT_FLOAT32, WEFT_SUM, &work));
-    EXPECT_OK(weft_group_abort(g, "the test gives up on rank 1"));
-    EXPECT_RESULT(weft_work_wait(work, 5000), WEFT_ERR_ABORTED, "the test gives up on rank 1");
-    int done = 0;
-    EXPECT_RESULT(weft_work_test(work, &done), WEFT_ERR_ABORTED, "the test gives up on rank 1");
-    RANK_CHECK(done == 1);
-    EXPECT_OK(weft_work_free(work));
-    const auto start = Clock::now();
-    EXPECT_RESULT(weft_barrier(g, nullptr), WEFT_ERR_ABORTED, "the test gives up on rank 1");
-    RANK_CHECK(Clock::now() - start < std::chrono::seconds(2));
-    EXPECT_OK(weft_group_destroy(g));
+    {
+      Signal::PostAtExit post{rank0_done};
+      weft_group_t* g = join(port, rank, 2);
+      float x[8] = {};
+      weft_work_t* work = nullptr;
+      EXPECT_OK(weft_all_reduce(g, x, x, 8, WEFT_FLOAT32, WEFT_SUM, &work));
+      EXPECT_OK(weft_group_abort(g, "the test gives up on rank 1"));
+      EXPECT_RESULT(weft_work_wait(work, 5000), WEFT_ERR_ABORTED, "the test gives up on rank 1");
+      int done = 0;
+      EXPECT_RESULT(weft_work_test(work, &done), WEFT_ERR_ABORTED, "the test gives up on rank 1");
+      RANK_CHECK(done == 1);
+      EXPECT_OK(weft_work_free(work));
+      const auto start = Clock::now();
+      EXPECT_RESULT(weft_barrier(g, nullptr), WEFT_ERR_ABORTED, "the test gives up on rank 1");
+      RANK_CHECK(Clock::now() - start < std::chrono::seconds(2));
+      rank1_joined.wait();
+      EXPECT_OK(weft_group_destroy(g));
+    }
+    rank1_done.wait();
   });
 }
 
 TEST_CASE("a synchronous collective past the group's timeout returns WEFT_ERR_TIMEOUT and stops",
           "[c_api][multiproc][slow]") {
   const uint16_t port = test::free_port();
-  Signal rank0_done;
+  Signal rank0_done, rank1_joined, rank1_done;
+  constexpr int64_t kTimeoutMs = 3000;  // also bounds the rendezvous: room for a loaded host
   test::run_ranks_ok(2, [&](int rank) {
-    constexpr int64_t kTimeoutMs = 3000;  // also bounds the rendezvous: room for a loaded host
-    weft_group_t* g = join(port, rank, 2, kTimeoutMs);
     if (rank == 1) {
+      Signal::PostAtExit post{rank1_done};  // rank 0's group hosts the store: as above
+      weft_group_t* g = nullptr;
+      {
+        Signal::PostAtExit joined{rank1_joined};
+        g = join(port, rank, 2, kTimeoutMs);
+      }
       rank0_done.wait();  // issues nothing
       EXPECT_OK(weft_group_destroy(g));
       return;
     }
-    Signal::PostAtExit post{rank0_done};
-    double x[4] = {1, 2, 3, 4};
-    const auto start = Clock::now();
-    EXPECT_RESULT(weft_all_reduce(g, x, x, 4, WEFT_FLOAT64, WEFT_SUM, nullptr), WEFT_ERR_TIMEOUT,
-                  "all_reduce #1", "Timeout");
-    const auto waited = Clock::now() - start;
-    RANK_CHECK(waited >= std::chrono::milliseconds(kTimeoutMs - 100) &&
-                   waited < std::chrono::milliseconds(3 * kTimeoutMs),
-               "returned after {} ms",
-               std::chrono::duration_cast<std::chrono::milliseconds>(waited).count());
-    // Nothing of the all_reduce is left running: the group fails at once from now on.
-    const auto again = Clock::now();
-    const weft_result_t result = weft_barrier(g, nullptr);
-    RANK_CHECK(result == WEFT_ERR_TIMEOUT || result == WEFT_ERR_ABORTED, "{}: {}",
-               weft_result_name(result), weft_last_error());
-    RANK_CHECK(Clock::now() - again < std::chrono::seconds(1));
-    EXPECT_OK(weft_group_destroy(g));
+    {
+      Signal::PostAtExit post{rank0_done};
+      weft_group_t* g = join(port, rank, 2, kTimeoutMs);
+      double x[4] = {1, 2, 3, 4};
+      const auto start = Clock::now();
+      EXPECT_RESULT(weft_all_reduce(g, x, x, 4, WEFT_FLOAT64, WEFT_SUM, nullptr), WEFT_ERR_TIMEOUT,
+                    "all_reduce #1", "Timeout");
+      const auto waited = Clock::now() - start;
+      RANK_CHECK(waited >= std::chrono::milliseconds(kTimeoutMs - 100) &&
+                     waited < std::chrono::milliseconds(3 * kTimeoutMs),
+                 "returned after {} ms",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(waited).count());
+      // Nothing of the all_reduce is left running: the group fails at once from now on.
+      const auto again = Clock::now();
+      const weft_result_t result = weft_barrier(g, nullptr);
+      RANK_CHECK(result == WEFT_ERR_TIMEOUT || result == WEFT_ERR_ABORTED, "{}: {}",
+                 weft_result_name(result), weft_last_error());
+      RANK_CHECK(Clock::now() - again < std::chrono::seconds(1));
+      rank1_joined.wait();
+      EXPECT_OK(weft_group_destroy(g));
+    }
+    rank1_done.wait();
   });
 }
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <random>
 
 #include <catch2/catch.hpp>
 #include <fmt/ranges.h>
@@ -140,8 +141,8 @@ std::string describe_failures(const std::vector<RankResult>& results) {
     if (r.timed_out) {
       text += fmt::format("rank {}: killed at the deadline\n", r.rank);
     } else if (r.signal != 0) {
-      text += fmt::format("rank {}: killed by signal {} ({})\n", r.rank, r.signal,
-                          strsignal(r.signal));
+      text +=
+          fmt::format("rank {}: killed by signal {} ({})\n", r.rank, r.signal, strsignal(r.signal));
     } else {
       text += fmt::format("rank {}: exit code {}\n", r.rank, r.exit_code);
     }
@@ -158,17 +159,51 @@ void run_ranks_ok(int ranks, const std::function<void(int rank)>& body,
   REQUIRE(failures.empty());
 }
 
-uint16_t free_port() {
+namespace {
+
+// Binds a TCP socket to 127.0.0.1:port (0: the kernel chooses); returns the port bound, or 0.
+uint16_t try_bind(uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  addr.sin_port = htons(port);
+  uint16_t bound = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    socklen_t len = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      bound = ntohs(addr.sin_port);
+    }
+  }
   close(fd);
-  return ntohs(addr.sin_port);
+  return bound;
+}
+
+// The first port of the kernel's ephemeral range (Linux's default when it cannot be read).
+int ephemeral_low() {
+  int low = 32768, high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  return low;
+}
+
+}  // namespace
+
+uint16_t free_port() {
+  constexpr int kLowest = 10000;  // above the registered services most machines run
+  const int high = ephemeral_low();
+  if (high - kLowest >= 1000) {
+    static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+    std::uniform_int_distribution<int> pick(kLowest, high - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const auto candidate = static_cast<uint16_t>(pick(rng));
+      if (try_bind(candidate) == candidate) return candidate;
+    }
+  }
+  return try_bind(0);
 }
 
 }  // namespace weft::test

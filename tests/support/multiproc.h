@@ -37,15 +37,18 @@ std::string describe_failures(const std::vector<RankResult>& results);
 void run_ranks_ok(int ranks, const std::function<void(int rank)>& body,
                   std::chrono::milliseconds deadline = std::chrono::seconds(60));
 
-// A free TCP port on 127.0.0.1 at the time of the call (bind to port 0, read it, close).
+// A TCP port on 127.0.0.1 that was free at the time of the call, chosen at random below the
+// kernel's ephemeral range (net.ipv4.ip_local_port_range): a port from that range could be taken
+// as the local end of some other test's outgoing connection before the store binds it. Falls
+// back to a kernel-chosen port when no candidate below the range binds.
 uint16_t free_port();
 
 }  // namespace weft::test
 
 // A check inside a rank's body: throws with file:line and the condition (and a formatted detail).
-#define RANK_CHECK(cond, ...)                                                                   \
-  do {                                                                                          \
-    if (!(cond))                                                                                \
+#define RANK_CHECK(cond, ...)                                                                     \
+  do {                                                                                            \
+    if (!(cond))                                                                                  \
       throw std::runtime_error(fmt::format("{}:{}: RANK_CHECK({}) failed {}", __FILE__, __LINE__, \
-                                           #cond, fmt::format("" __VA_ARGS__)));                \
+                                           #cond, fmt::format("" __VA_ARGS__)));                  \
   } while (0)
