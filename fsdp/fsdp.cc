@@ -365,6 +365,16 @@ void fully_shard(kit::Module& module, const DeviceMesh& mesh, FullyShardOptions 
   module.add_post_forward_hook([group](kit::Module&) { post_forward(*group); });
   module.add_pre_backward_hook([group](kit::Module&) { pre_backward(*group); });
   module.add_post_backward_hook([group](kit::Module&) { post_backward(*group); });
+  if (options.mp_policy.output_dtype && *options.mp_policy.output_dtype != kit::DType::Float32) {
+    const kit::DType dtype = *options.mp_policy.output_dtype;
+    module.set_output_transform([dtype](const kit::Tensor& y) {
+      return y.defined() && y.dtype() != dtype ? y.to(dtype, MemKind::Activations) : y;
+    });
+    module.set_grad_output_transform([dtype](const kit::Tensor& g) {
+      if (!g.defined()) return g;
+      return g.to(dtype, MemKind::Activations).to(kit::DType::Float32, MemKind::Activations);
+    });
+  }
   registry()[&module] = group;
 }
 

@@ -47,11 +47,22 @@ struct MixedPrecisionPolicy {
   std::optional<kit::DType> param_dtype;
   // dtype the gradients are reduce-scattered in; unset: param_dtype, or float32.
   std::optional<kit::DType> reduce_dtype;
+  // dtype of the module's forward output (what call_forward returns); unset: as computed
+  // (float32). Its gradient is rounded to the same dtype on the way back, as autograd rounds the
+  // gradient of a tensor of that dtype; the kit computes in float32 from either. Applies to
+  // modules run through call_forward (not to a model's loss entry point, which returns a float).
+  std::optional<kit::DType> output_dtype;
 };
 
 struct OffloadPolicy {
-  // Keep sharded parameters and gradients in the host pool (MemKind::Host) and copy them in
-  // just before they are needed: the CPU stand-in for FSDP2's CPU offload.
+  // FSDP2's CPU offload, with the tracker's host pool (MemKind::Host) standing for host memory
+  // and every other kind for device memory. The sharded parameters and gradients live in the
+  // host pool (and the optimizer state should: the optimizer steps there, as FSDP2's does on the
+  // CPU). They move just in time: a group's shards are copied from the host pool into the
+  // all-gather buffer (device, MemKind::Comm) when its gather is issued (host to device), and
+  // the reduce-scattered gradient is added from the device buffer into the host gradient when the
+  // root's backward finishes (device to host). Between steps the device holds no parameter,
+  // gradient or optimizer byte (tests/fsdp checks it).
   bool offload = false;
 };
 

@@ -89,6 +89,53 @@ void load_full_state_dict(kit::Module& root, const StateDict& state) {
   }
 }
 
+ShardedStateDict sharded_state_dict(kit::Module& root) {
+  ShardedStateDict out;
+  for (ShardedParam* p : sharded_parameters(root)) {
+    ShardedTensor t;
+    t.full_shape = p->full_shape;
+    t.first_row = first_row(*p);
+    t.rows = p->rows;
+    t.values.assign(p->shard.f32(), p->shard.f32() + p->rows * p->row_elements);
+    out.emplace_back(p->fqn, std::move(t));
+  }
+  return out;
+}
+
+void load_sharded_state_dict(kit::Module& root, const ShardedStateDict& state) {
+  std::map<std::string, const ShardedTensor*> by_name;
+  for (const auto& [name, tensor] : state) by_name[name] = &tensor;
+  // Every entry is checked before any shard changes: a bad dict leaves the model as it was.
+  std::vector<std::pair<ShardedParam*, const ShardedTensor*>> plan;
+  for (ShardedParam* p : sharded_parameters(root)) {
+    auto it = by_name.find(p->fqn);
+    if (it == by_name.end()) invalid(fmt::format("load_sharded_state_dict: {} is missing", p->fqn));
+    const ShardedTensor& t = *it->second;
+    check_shape(*p, t.full_shape, "load_sharded_state_dict");
+    if (t.first_row < 0 || t.rows < 0 || t.first_row + t.rows > dim0(*p) ||
+        static_cast<int64_t>(t.values.size()) != t.rows * p->row_elements) {
+      invalid(fmt::format(
+          "load_sharded_state_dict: {} holds rows [{}, {}) with {} values; its "
+          "dim 0 is {} and a row has {} values",
+          p->fqn, t.first_row, t.first_row + t.rows, t.values.size(), dim0(*p), p->row_elements));
+    }
+    const int64_t begin = first_row(*p), end = begin + p->rows;
+    if (p->rows > 0 && (t.first_row > begin || t.first_row + t.rows < end)) {
+      invalid(
+          fmt::format("load_sharded_state_dict: {} holds rows [{}, {}); this rank (shard {} "
+                      "of {}) needs rows [{}, {})",
+                      p->fqn, t.first_row, t.first_row + t.rows, p->shard_group->rank(),
+                      p->shard_group->size(), begin, end));
+    }
+    plan.emplace_back(p, &t);
+  }
+  for (auto [p, t] : plan) {
+    std::fill(p->shard.f32(), p->shard.f32() + p->shard.numel(), 0.0f);
+    std::memcpy(p->shard.f32(), t->values.data() + (first_row(*p) - t->first_row) * p->row_elements,
+                static_cast<size_t>(p->rows * p->row_elements) * sizeof(float));
+  }
+}
+
 void export_safetensors(kit::Module& root, const std::string& path) {
   std::vector<ShardedParam*> params = sharded_parameters(root);
   train::TensorList tensors;

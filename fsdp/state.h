@@ -38,6 +38,28 @@ StateDict full_state_dict(kit::Module& root);
 // the parameter when one is missing or shaped differently; extra entries are ignored.
 void load_full_state_dict(kit::Module& root, const StateDict& state);
 
+// This rank's rows of one parameter and where they sit in the full tensor (what a DTensor's local
+// tensor and its Shard(0) placement say, for a dim-0 shard).
+struct ShardedTensor {
+  std::vector<int64_t> full_shape;
+  int64_t first_row = 0;      // the full tensor's row that values start at
+  int64_t rows = 0;           // rows held; trailing ranks may hold none
+  std::vector<float> values;  // rows x (product of full_shape[1:]) values, row-major, no padding
+
+  bool operator==(const ShardedTensor&) const = default;
+};
+using ShardedStateDict = std::vector<std::pair<std::string, ShardedTensor>>;
+
+// This rank's rows of every parameter (copies), in named_parameters() order. Local: no
+// communication, so any rank may call it alone (HSDP replicas return equal dicts).
+ShardedStateDict sharded_state_dict(kit::Module& root);
+// Sets this rank's rows of every parameter from `state`. An entry may hold more rows than this
+// rank needs (a full tensor is the entry with first_row 0 and every row), so a dict saved by the
+// same rank, or gathered from several, loads. Local. Error(InvalidArgument) naming the parameter
+// when its entry is missing, shaped differently, inconsistent (values vs rows) or does not cover
+// this rank's rows; extra entries are ignored.
+void load_sharded_state_dict(kit::Module& root, const ShardedStateDict& state);
+
 // World rank 0 writes every full parameter as float32 (nanoGPT's names), loadable by PyTorch
 // with safetensors.torch.load_file + model.load_state_dict.
 void export_safetensors(kit::Module& root, const std::string& path);

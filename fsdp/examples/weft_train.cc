@@ -44,8 +44,9 @@ struct Options {
   int64_t synthetic_tokens = 262144;
   uint64_t data_seed = 0;
   int micro_batches = 1;
-  std::vector<int> mesh;  // empty: 1-D over the world
-  bool bf16 = false;
+  std::vector<int> mesh;      // empty: 1-D over the world
+  bool bf16 = false;          // --mp bf16: bfloat16 gathers, float32 reduction
+  bool bf16_outputs = false;  // --mp bf16-outputs: that, and every group's output in bfloat16
   bool offload = false;
   bool prefetch = true;
   bool no_comm = false;  // benchmark only: wrong results
@@ -59,9 +60,9 @@ struct Options {
                "  [--n-embd C] [--batch-size B] [--steps S] [--optim adamw|sgd] [--lr X]\n"
                "  [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X] [--momentum X]\n"
                "  [--seed N] [--init FILE.safetensors] [--data FILE] [--synthetic-tokens N]\n"
-               "  [--data-seed N] [--micro-batches M] [--mesh RxS] [--mp bf16] [--offload]\n"
-               "  [--no-prefetch] [--save DIR] [--load DIR] [--export FILE.safetensors]\n"
-               "  [--no-comm-benchmark]\n"
+               "  [--data-seed N] [--micro-batches M] [--mesh RxS] [--mp bf16|bf16-outputs]\n"
+               "  [--offload] [--no-prefetch] [--save DIR] [--load DIR]\n"
+               "  [--export FILE.safetensors] [--no-comm-benchmark]\n"
                "(launch under weftrun, torchrun, srun or mpirun; docs/fsdp.md)\n",
                why.c_str());
   std::exit(2);
@@ -132,8 +133,10 @@ Options parse(int argc, char** argv) {
       o.mesh = {std::atoi(v.substr(0, x).c_str()), std::atoi(v.substr(x + 1).c_str())};
       if (o.mesh[0] < 1 || o.mesh[1] < 1) usage("--mesh wants RxS with R, S >= 1");
     } else if (flag == "--mp") {
-      if (value() != "bf16") usage("--mp takes bf16");
+      const std::string mp = value();
+      if (mp != "bf16" && mp != "bf16-outputs") usage("--mp takes bf16 or bf16-outputs");
       o.bf16 = true;
+      o.bf16_outputs = mp == "bf16-outputs";
     } else if (flag == "--offload")
       o.offload = true;
     else if (flag == "--no-prefetch")
@@ -179,6 +182,7 @@ int run(const Options& o) {
   if (o.bf16) {
     shard.mp_policy.param_dtype = kit::DType::BFloat16;
     shard.mp_policy.reduce_dtype = kit::DType::Float32;
+    if (o.bf16_outputs) shard.mp_policy.output_dtype = kit::DType::BFloat16;
   }
   shard.offload_policy.offload = o.offload;
   // A group per block and one each for the embeddings, the final norm and the head (the root

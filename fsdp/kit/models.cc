@@ -41,8 +41,8 @@ Tensor GptTransformer::forward(const Tensor& ids) {
   const int64_t B = ids.dim(0), T = ids.dim(1);
   std::vector<float> positions(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<float>(t);
-  Tensor x = wte.call_forward(ids);                                         // [B, T, C]
-  const Tensor pos = wpe.call_forward(Tensor::from({T}, positions, kAct));  // [T, C]
+  Tensor x = wte.call_forward(ids).as_float32(kAct);  // [B, T, C]
+  const Tensor pos = wpe.call_forward(Tensor::from({T}, positions, kAct)).as_float32(kAct);
   const int64_t tc = pos.numel();
   for (int64_t b = 0; b < B; ++b) ops::add(x.f32() + b * tc, pos.f32(), x.f32() + b * tc, tc);
   batch_ = B;
@@ -77,7 +77,7 @@ float GPT::forward_loss(const std::vector<int32_t>& tokens, const std::vector<in
                  "GPT: {} tokens and {} targets for B * T = {}", tokens.size(), targets.size(), n);
   run_pre_forward_hooks();
   const Tensor x = transformer.call_forward(ids_tensor(tokens, {B, T}));
-  logits_ = lm_head.call_forward(x);
+  logits_ = lm_head.call_forward(x).as_float32(kAct);
   targets_ = targets;
   const float loss = cross_entropy(logits_, targets_, kGptIgnoreIndex);
   run_post_forward_hooks();
@@ -120,7 +120,7 @@ Tensor MlpModel::backward(const Tensor& grad_out) {
 
 float MlpModel::forward_loss(const Tensor& x, const std::vector<int32_t>& targets) {
   run_pre_forward_hooks();
-  logits_ = forward(x);
+  logits_ = forward(x).as_float32(MemKind::Activations);
   targets_ = targets;
   const float loss = cross_entropy(logits_, targets_);
   run_post_forward_hooks();

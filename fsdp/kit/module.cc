@@ -44,14 +44,15 @@ Tensor Module::backward(const Tensor&) {
 
 Tensor Module::call_forward(const Tensor& x) {
   run(pre_forward_);
-  Tensor y = forward(x);
+  Tensor y = forward(x.as_float32(MemKind::Activations));
   run(post_forward_);
-  return y;
+  return output_transform_ ? output_transform_(y) : y;
 }
 
 Tensor Module::call_backward(const Tensor& grad_out) {
+  const Tensor g = grad_output_transform_ ? grad_output_transform_(grad_out) : grad_out;
   run(pre_backward_);
-  Tensor dx = backward(grad_out);
+  Tensor dx = backward(g.as_float32(MemKind::Activations));
   run(post_backward_);
   return dx;
 }

@@ -6,8 +6,8 @@
 // .grad (allocating float32 zeros the first time). Parents call children through call_forward()
 // and call_backward(), which run the hooks around the child's own code:
 //
-//   pre_forward hooks  -> forward  -> post_forward hooks
-//   pre_backward hooks -> backward -> post_backward hooks
+//   pre_forward hooks  -> forward  -> post_forward hooks  -> output transform
+//   grad transform -> pre_backward hooks -> backward -> post_backward hooks
 //
 // FSDP uses them to gather a module's parameters before it runs, free them after, and
 // reduce-scatter its gradients after its backward. Hooks run on the calling thread, in the order
@@ -19,7 +19,9 @@
 //
 // Compute is float32. A parameter's data may be bfloat16 (FSDP's param_dtype): modules read it
 // through weight_f32() (a float32 copy or the tensor itself), and gradients are always float32
-// and shaped like the parameter.
+// and shaped like the parameter. A module's output may be bfloat16 too (FSDP's output_dtype,
+// through the output transform): call_forward hands a module float32 input whatever its caller
+// passes (a float32 copy of anything else), and models read children's outputs as_float32().
 //
 // Thread safety: none; one thread drives a model. Ownership: a module owns its children (members
 // of the derived class, registered by pointer) and its parameters.
@@ -73,6 +75,14 @@ class Module {
   void add_post_forward_hook(Hook hook) { post_forward_.push_back(std::move(hook)); }
   void add_pre_backward_hook(Hook hook) { pre_backward_.push_back(std::move(hook)); }
   void add_post_backward_hook(Hook hook) { post_backward_.push_back(std::move(hook)); }
+  // One transform each of what leaves forward (after the post-forward hooks) and of the gradient
+  // that enters backward (before the pre-backward hooks): FSDP's output_dtype casts the output
+  // and rounds its gradient to the same dtype, as autograd does for a tensor of that dtype.
+  using Transform = std::function<Tensor(const Tensor&)>;
+  void set_output_transform(Transform transform) { output_transform_ = std::move(transform); }
+  void set_grad_output_transform(Transform transform) {
+    grad_output_transform_ = std::move(transform);
+  }
   // For modules whose entry point is not forward()/backward() (a model's loss): run the hooks
   // around your own code.
   void run_pre_forward_hooks() { run(pre_forward_); }
@@ -104,6 +114,7 @@ class Module {
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::pair<std::string, Module*>> children_;
   std::vector<Hook> pre_forward_, post_forward_, pre_backward_, post_backward_;
+  Transform output_transform_, grad_output_transform_;
 };
 
 }  // namespace weft::kit

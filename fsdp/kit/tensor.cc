@@ -211,6 +211,11 @@ Tensor Tensor::to(DType dtype, MemKind kind) const {
   return t;
 }
 
+Tensor Tensor::as_float32(MemKind kind) const {
+  if (!defined() || dtype_ == DType::Float32) return *this;
+  return to(DType::Float32, kind);
+}
+
 void Tensor::fill(float value) {
   const int64_t n = numel();
   if (dtype_ == DType::Float32) {

@@ -93,6 +93,8 @@ class Tensor {
   Tensor clone(MemKind kind) const;
   // This tensor's values in `dtype` (a copy; bfloat16 rounds to nearest even).
   Tensor to(DType dtype, MemKind kind) const;
+  // This tensor when it is float32 (or empty), else a float32 copy counted as `kind`.
+  Tensor as_float32(MemKind kind) const;
   void fill(float value);
   // Element i (row-major) as float, whatever the dtype; for tests and printing.
   float item(int64_t i) const;

@@ -16,6 +16,8 @@
 namespace weft::kit {
 namespace {
 
+constexpr MemKind kAct = MemKind::Activations;
+
 const GptConfig kTiny{.vocab_size = 11, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 8};
 
 std::vector<int32_t> tokens_of(int n, int vocab, int salt) {
@@ -208,6 +210,44 @@ TEST_CASE(
   CHECK(lin.weight().grad.to_vector() == ref.weight().grad.to_vector());
   CHECK(lin.bias()->grad.to_vector() == ref.bias()->grad.to_vector());
   CHECK(mt.current(MemKind::Activations) == act0);  // nothing of the step stays behind
+}
+
+TEST_CASE("call_forward upcasts its input; the output and grad transforms run at the boundary",
+          "[kit][module]") {
+  Linear a(3, 2), b(3, 2);
+  for (Linear* l : {&a, &b}) {
+    float* w = l->weight().data.f32();
+    for (int i = 0; i < 6; ++i) w[i] = 0.25f * float(i) - 0.6f;
+    l->bias()->data.fill(0.125f);
+  }
+  const Tensor x = Tensor::from({2, 3}, {0.1f, -0.7f, 1.3f, 2.2f, 0.01f, -0.4f}, kAct);
+  // A bfloat16 input computes as its float32 value.
+  const Tensor rounded = x.to(DType::BFloat16, kAct).to(DType::Float32, kAct);
+  const Tensor expected = a.call_forward(rounded);
+  std::vector<std::string> events;
+  b.add_post_forward_hook([&](Module&) { events.push_back("post_forward"); });
+  b.add_pre_backward_hook([&](Module&) { events.push_back("pre_backward"); });
+  b.set_output_transform([&](const Tensor& y) {
+    events.push_back("output");
+    return y.to(DType::BFloat16, kAct);
+  });
+  b.set_grad_output_transform([&](const Tensor& g) {
+    events.push_back("grad");
+    Tensor doubled = g.clone(kAct);
+    for (int64_t i = 0; i < doubled.numel(); ++i) doubled.f32()[i] *= 2;
+    return doubled;
+  });
+  const Tensor y = b.call_forward(x.to(DType::BFloat16, kAct));
+  REQUIRE(y.dtype() == DType::BFloat16);
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    CHECK(y.item(i) == bf16_to_float(float_to_bf16(expected.f32()[i])));
+  }
+  // The transformed gradient is what backward sees: twice the gradient of a plain call.
+  const Tensor ones = Tensor::from({2, 2}, {1, 1, 1, 1}, kAct);
+  a.call_backward(ones);
+  b.call_backward(ones);
+  for (int64_t i = 0; i < 6; ++i) CHECK(b.weight().grad.item(i) == 2 * a.weight().grad.item(i));
+  CHECK(events == std::vector<std::string>{"post_forward", "output", "grad", "pre_backward"});
 }
 
 TEST_CASE("containers without forward refuse it, naming their type", "[kit][module]") {
