@@ -5,14 +5,14 @@
 //
 // It uses only the public API: rendezvous() from the launcher's environment, then
 // set / add / wait / multi_get on the store it returns.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "weft/error.h"
 #include "weft/rendezvous.h"
@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
       }
     }
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-                    .count() / (rounds > 0 ? rounds : 1);
+                    .count() /
+                (rounds > 0 ? rounds : 1);
     std::printf("rank %d/%d (local %d/%d): %d store all-gathers of %d records, %.1f us each\n",
                 rdzv.rank, n, rdzv.local_rank, rdzv.local_world_size, rounds, n, us);
     // Nobody leaves while another rank may still read keys from rank 0's store.

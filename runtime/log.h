@@ -23,8 +23,8 @@ void set_level(LogLevel level);
 
 }  // namespace weft::log
 
-#define WEFT_LOG_AT(level, ...)                                                  \
-  do {                                                                           \
+#define WEFT_LOG_AT(level, ...)                                                           \
+  do {                                                                                    \
     if (::weft::log::enabled(level)) ::weft::log::write(level, fmt::format(__VA_ARGS__)); \
   } while (0)
 #define WEFT_LOG_ERROR(...) WEFT_LOG_AT(::weft::LogLevel::Error, __VA_ARGS__)

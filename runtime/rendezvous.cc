@@ -228,5 +228,4 @@ Rendezvous rendezvous(const RendezvousOptions& options) {
   return result;
 }
 
-
 }  // namespace weft

@@ -53,8 +53,7 @@ void set_nodelay(int fd);
 void write_all(int fd, const void* data, size_t size, Clock::time_point deadline,
                std::string_view what);
 // Reads exactly size bytes, with the same deadline and errors as write_all.
-void read_exact(int fd, void* data, size_t size, Clock::time_point deadline,
-                std::string_view what);
+void read_exact(int fd, void* data, size_t size, Clock::time_point deadline, std::string_view what);
 
 // "10.0.0.7:4242" or "[::1]:4242" for the socket's peer; "?" when unknown.
 std::string peer_address(int fd);

@@ -1,11 +1,11 @@
 #include "runtime/store_auth.h"
 
+#include <string>
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
-
-#include <string>
 
 #include "weft/error.h"
 
@@ -25,8 +25,7 @@ Mac prove(std::string_view token, const Nonce& nonce) {
   Mac mac{};
   unsigned int length = 0;
   HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac.data(),
-       &length);
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac.data(), &length);
   return mac;
 }
 

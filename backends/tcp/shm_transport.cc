@@ -121,8 +121,8 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   }
   const int local =
       options_.local_ranks > 0 ? options_.local_ranks : static_cast<int>(senders.size()) + 1;
-  spin_budget_ = config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us)
-                                       : spin_budget_for(local);
+  spin_budget_ =
+      config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us) : spin_budget_for(local);
 
   // 1. This rank's segment: doorbell, then one ring per sender, formatted before publishing.
   const std::string name =

@@ -44,11 +44,11 @@ std::string_view error_code_name(ErrorCode code);
 
 // Where an error happened. Fields left at their defaults are omitted from the message.
 struct ErrorContext {
-  int rank = -1;          // this process's rank in the group, -1 when unknown
-  int size = -1;          // the group's size
-  std::string group{};    // the group's name ("world", "dp", ...)
-  std::string op{};       // "all_reduce", "store get", ...
-  uint64_t seq = 0;       // the collective's sequence number in its group, 0 when none
+  int rank = -1;            // this process's rank in the group, -1 when unknown
+  int size = -1;            // the group's size
+  std::string group{};      // the group's name ("world", "dp", ...)
+  std::string op{};         // "all_reduce", "store get", ...
+  uint64_t seq = 0;         // the collective's sequence number in its group, 0 when none
   std::string op_detail{};  // "float32 x 1048576, sum"
 
   // "rank 2/4 group "dp" all_reduce #17 (float32 x 1048576, sum)"; empty when nothing is set.
@@ -81,7 +81,7 @@ namespace detail {
 
 // WEFT_CHECK(cond) / WEFT_CHECK(cond, "why"): an invariant of weft's own code. A failure is a bug
 // in weft, never the user's input: it throws std::logic_error with file:line and the condition.
-#define WEFT_CHECK(cond, ...)                                                            \
-  do {                                                                                   \
+#define WEFT_CHECK(cond, ...)                                                             \
+  do {                                                                                    \
     if (!(cond)) ::weft::detail::check_failed(__FILE__, __LINE__, #cond, "" __VA_ARGS__); \
   } while (0)

@@ -41,7 +41,8 @@ class Store {
   virtual void set(const std::string& key, const Bytes& value) = 0;
 
   // Waits until key exists, then returns its value.
-  virtual Bytes get(const std::string& key, std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
+  virtual Bytes get(const std::string& key,
+                    std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
 
   // Adds delta to the integer stored at key as decimal text (absent counts as 0) and returns
   // the new value. Throws Error(InvalidArgument) when the value there is not an integer.
@@ -77,7 +78,8 @@ class Store {
                                        std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
 
   // Sets every key to its value. REQUIRES: keys.size() == values.size().
-  virtual void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) = 0;
+  virtual void multi_set(const std::vector<std::string>& keys,
+                         const std::vector<Bytes>& values) = 0;
 
   // Queues (c10d's queuePush/queuePop/queueLen, PyTorch 2.6): a FIFO of values per key. Queues
   // live apart from the key-value pairs: get, set, delete_key and num_keys never see a queue, and
