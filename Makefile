@@ -14,7 +14,7 @@ JOBS       ?= $(shell nproc)
 # fences order memory between processes, which TSan does not observe anyway.
 MESON_TEST  = meson test --num-processes $(JOBS) --print-errorlogs
 
-.PHONY: all deps build run test test-asan test-tsan check format clean
+.PHONY: all deps build run test test-asan test-tsan check format format-check clean
 
 all: build
 
@@ -58,6 +58,14 @@ check: test test-asan test-tsan
 
 format:
 	git ls-files '*.h' '*.cc' '*.c' | xargs clang-format -i
+
+# Fails, listing them, when tracked sources differ from what clang-format (.clang-format) makes.
+format-check:
+	@scripts/install-deps --format
+	@bad=$$(git ls-files '*.h' '*.cc' '*.c' | while read -r f; do \
+	  clang-format --dry-run --Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
+	if [ -n "$$bad" ]; then echo "not clang-formatted (run make format):"; echo "$$bad"; exit 1; fi; \
+	echo "clang-format: every source file is formatted"
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
