@@ -181,6 +181,20 @@ struct LeaveLast {
   }
 };
 
+// Runs body(world) on `ranks` real processes meeting through a fresh store (rank 0 hosts it),
+// each ending with a world barrier.
+void on_ranks(int ranks, const std::function<void(const std::shared_ptr<ProcessGroup>&)>& body) {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(
+      ranks,
+      [&](int rank) {
+        auto world = join(port, rank, ranks);
+        LeaveLast last{*world};
+        body(world);
+      },
+      std::chrono::seconds(120));
+}
+
 void expect_losses(const std::vector<float>& got, const std::vector<float>& want, double rel,
                    const std::string& what) {
   RANK_CHECK(got.size() == want.size(), "{}: {} losses", what, got.size());
@@ -216,23 +230,16 @@ TEST_CASE("fsdp: 2 and 4 ranks give the single-process losses (AdamW, fp32)", "[
   REQUIRE(want.front() > want.back());  // it learns
   const int64_t largest_two = two_largest_groups();
   for (int ranks : {2, 4}) {
-    const uint16_t port = test::free_port();
-    test::run_ranks_ok(
-        ranks,
-        [&](int rank) {
-          auto world = join(port, rank, ranks);
-          LeaveLast last{*world};
-          int64_t peak = 0;
-          RunOptions run = on_mesh({ranks});
-          run.peak_unsharded = &peak;
-          expect_losses(sharded_losses(world, run), want, 1e-5,
-                        fmt::format("FSDP on {} ranks", ranks));
-          // With prefetch, one group runs while the next one gathers: never more than the two
-          // largest groups unsharded at once (here two blocks).
-          RANK_CHECK(peak == largest_two, "peak unsharded {} B, the two largest groups {} B", peak,
-                     largest_two);
-        },
-        std::chrono::seconds(120));
+    on_ranks(ranks, [&](const std::shared_ptr<ProcessGroup>& world) {
+      int64_t peak = 0;
+      RunOptions run = on_mesh({ranks});
+      run.peak_unsharded = &peak;
+      expect_losses(sharded_losses(world, run), want, 1e-5, fmt::format("FSDP on {} ranks", ranks));
+      // With prefetch, one group runs while the next one gathers: never more than the two
+      // largest groups unsharded at once (here two blocks).
+      RANK_CHECK(peak == largest_two, "peak unsharded {} B, the two largest groups {} B", peak,
+                 largest_two);
+    });
   }
 }
 
@@ -244,37 +251,25 @@ TEST_CASE("fsdp: a checkpoint saved on 4 ranks resumes on 2 and on 1", "[fsdp]")
   std::filesystem::remove_all(dir);
   const int half = kSteps / 2;
   {
-    const uint16_t port = test::free_port();
-    test::run_ranks_ok(
-        4,
-        [&](int rank) {
-          auto world = join(port, rank, 4);
-          LeaveLast last{*world};
-          RunOptions run = on_mesh({4});
-          run.save_dir = dir;
-          run.save_after = half;
-          expect_losses(sharded_losses(world, run), want, 1e-5, "4 ranks, saving at the middle");
-        },
-        std::chrono::seconds(120));
+    on_ranks(4, [&](const std::shared_ptr<ProcessGroup>& world) {
+      RunOptions run = on_mesh({4});
+      run.save_dir = dir;
+      run.save_after = half;
+      expect_losses(sharded_losses(world, run), want, 1e-5, "4 ranks, saving at the middle");
+    });
   }
   REQUIRE(std::filesystem::exists(dir + "/metadata.safetensors"));
   REQUIRE(std::filesystem::exists(dir + "/rank-3.safetensors"));
   const std::vector<float> rest(want.begin() + half, want.end());
   for (int ranks : {2, 1}) {
-    const uint16_t port = test::free_port();
-    test::run_ranks_ok(
-        ranks,
-        [&](int rank) {
-          auto world = join(port, rank, ranks);
-          LeaveLast last{*world};
-          RunOptions run = on_mesh({ranks});
-          run.load_dir = dir;
-          run.first_step = half;
-          run.steps = kSteps - half;
-          expect_losses(sharded_losses(world, run), rest, 1e-5,
-                        fmt::format("resumed on {} ranks", ranks));
-        },
-        std::chrono::seconds(120));
+    on_ranks(ranks, [&](const std::shared_ptr<ProcessGroup>& world) {
+      RunOptions run = on_mesh({ranks});
+      run.load_dir = dir;
+      run.first_step = half;
+      run.steps = kSteps - half;
+      expect_losses(sharded_losses(world, run), rest, 1e-5,
+                    fmt::format("resumed on {} ranks", ranks));
+    });
   }
   std::filesystem::remove_all(dir);
 }
@@ -286,10 +281,7 @@ TEST_CASE("fsdp: full weights export to and import from safetensors", "[fsdp]") 
   GPT reference(kConfig);
   kit::init_gpt(reference, 1234);
   {
-    const uint16_t port = test::free_port();
-    test::run_ranks_ok(3, [&](int rank) {
-      auto world = join(port, rank, 3);
-      LeaveLast last{*world};
+    on_ranks(3, [&](const std::shared_ptr<ProcessGroup>& world) {
       DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {3}, {"dp"}, world);
       GPT model(kConfig);
       kit::init_gpt(model, 1234);
@@ -311,10 +303,7 @@ TEST_CASE("fsdp: full weights export to and import from safetensors", "[fsdp]") 
     CHECK(entry.to_f32() == p->data.to_vector());
   }
   // Imported into a model initialised differently, the shards take the file's values.
-  const uint16_t port = test::free_port();
-  test::run_ranks_ok(2, [&](int rank) {
-    auto world = join(port, rank, 2);
-    LeaveLast last{*world};
+  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& world) {
     DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {2}, {"dp"}, world);
     GPT model(kConfig);
     kit::init_gpt(model, 777);
@@ -330,47 +319,28 @@ TEST_CASE("fsdp: full weights export to and import from safetensors", "[fsdp]") 
 
 TEST_CASE("fsdp: HSDP 2x2 gives the single-process losses", "[fsdp]") {
   const std::vector<float> want = reference_losses();
-  const uint16_t port = test::free_port();
-  test::run_ranks_ok(
-      4,
-      [&](int rank) {
-        auto world = join(port, rank, 4);
-        LeaveLast last{*world};
-        expect_losses(sharded_losses(world, on_mesh({2, 2})), want, 1e-5, "HSDP 2x2");
-      },
-      std::chrono::seconds(120));
+  on_ranks(4, [&](const std::shared_ptr<ProcessGroup>& world) {
+    expect_losses(sharded_losses(world, on_mesh({2, 2})), want, 1e-5, "HSDP 2x2");
+  });
 }
 
 TEST_CASE("fsdp: gradient accumulation over 4 micro-batches equals one batch", "[fsdp]") {
   const std::vector<float> want = reference_losses(1);
-  const uint16_t port = test::free_port();
-  test::run_ranks_ok(
-      2,
-      [&](int rank) {
-        auto world = join(port, rank, 2);
-        LeaveLast last{*world};
-        expect_losses(sharded_losses(world, on_mesh({2}, 4)), want, 1e-5,
-                      "2 ranks x 4 micro-batches");
-      },
-      std::chrono::seconds(120));
+  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& world) {
+    expect_losses(sharded_losses(world, on_mesh({2}, 4)), want, 1e-5, "2 ranks x 4 micro-batches");
+  });
 }
 
 TEST_CASE("fsdp: bf16 gathers stay close to fp32 training", "[fsdp]") {
   const std::vector<float> want = reference_losses();
-  const uint16_t port = test::free_port();
-  test::run_ranks_ok(
-      2,
-      [&](int rank) {
-        auto world = join(port, rank, 2);
-        LeaveLast last{*world};
-        fsdp::FullyShardOptions options;
-        options.mp_policy.param_dtype = kit::DType::BFloat16;
-        options.mp_policy.reduce_dtype = kit::DType::Float32;
-        // bfloat16 keeps 8 bits of mantissa. Measured: 1.0e-4 at most over 20 steps of
-        // weft-train against PyTorch in fp32 (docs/fsdp.md); tested with 10x room.
-        expect_losses(sharded_losses(world, on_mesh({2}, 1, options)), want, 1e-3, "bf16 gathers");
-      },
-      std::chrono::seconds(120));
+  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& world) {
+    fsdp::FullyShardOptions options;
+    options.mp_policy.param_dtype = kit::DType::BFloat16;
+    options.mp_policy.reduce_dtype = kit::DType::Float32;
+    // bfloat16 keeps 8 bits of mantissa. Measured: 1.0e-4 at most over 20 steps of
+    // weft-train against PyTorch in fp32 (docs/fsdp.md); tested with 10x room.
+    expect_losses(sharded_losses(world, on_mesh({2}, 1, options)), want, 1e-3, "bf16 gathers");
+  });
 }
 
 TEST_CASE("fsdp: uneven and tiny dims, offload, and the memory the tracker counts", "[fsdp]") {
@@ -403,76 +373,68 @@ TEST_CASE("fsdp: uneven and tiny dims, offload, and the memory the tracker count
     }
   }
   for (bool offload : {false, true}) {
-    const uint16_t port = test::free_port();
-    test::run_ranks_ok(
-        4,
-        [&](int rank) {
-          auto world = join(port, rank, 4);
-          LeaveLast last{*world};
-          auto& tracker = kit::MemoryTracker::global();
-          int64_t before[kit::kNumMemKinds];
-          for (int k = 0; k < kit::kNumMemKinds; ++k) {
-            before[k] = tracker.current(static_cast<kit::MemKind>(k));
-          }
-          auto held = [&](kit::MemKind kind) { return tracker.current(kind) - before[int(kind)]; };
-          DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {4}, {"dp"}, world);
-          kit::MlpModel model(dims);
-          kit::init_mlp(model, 99);
-          fsdp::FullyShardOptions options;
-          options.offload_policy.offload = offload;
-          fsdp::fully_shard(model.linear(0), mesh, options);
-          fsdp::fully_shard(model, mesh, options);
-          auto params = fsdp::sharded_parameters(model);
-          // Optimizer state (SGD's momentum buffer) in tracked memory, beside the shards.
-          const kit::MemKind state_kind = offload ? kit::MemKind::Host : kit::MemKind::Optimizer;
-          std::vector<kit::Tensor> momentum;
-          std::vector<int64_t> steps(params.size(), 0);
-          int64_t shard_bytes = 0;
-          for (fsdp::ShardedParam* p : params) {
-            int64_t dim0 = p->full_shape[0];
-            RANK_CHECK(p->chunk_rows == (dim0 + 3) / 4, "{}", p->fqn);
-            RANK_CHECK(p->rows ==
-                       std::clamp<int64_t>(dim0 - rank * p->chunk_rows, 0, p->chunk_rows));
-            shard_bytes += p->chunk_rows * p->row_elements * 4;
-            momentum.push_back(
-                kit::Tensor::zeros({p->shard.numel()}, kit::DType::Float32, state_kind));
-          }
-          // Params, grads and optimizer state: exactly the padded 1/N each, where they belong.
-          auto check_memory = [&](const char* when) {
-            const int64_t on_device = offload ? 0 : shard_bytes;
-            RANK_CHECK(held(kit::MemKind::Params) == on_device, "{}: params {}", when,
-                       held(kit::MemKind::Params));
-            RANK_CHECK(held(kit::MemKind::Grads) == on_device, "{}: grads", when);
-            RANK_CHECK(held(kit::MemKind::Optimizer) == on_device, "{}: optimizer", when);
-            RANK_CHECK(held(kit::MemKind::Host) == (offload ? 3 * shard_bytes : 0), "{}: host {}",
-                       when, held(kit::MemKind::Host));
-            RANK_CHECK(held(kit::MemKind::Comm) == 0, "{}: comm", when);
-          };
-          check_memory("after fully_shard");
-          std::vector<float> got;
-          for (int step = 0; step < 5; ++step) {
-            auto [x, y] = batch(step);
-            // Every rank computes the same full batch: averaging equal gradients gives the same.
-            float loss =
-                model.forward_loss(kit::Tensor::from({8, 7}, x, kit::MemKind::Activations), y);
-            model.backward_loss();
-            got.push_back(loss);
-            for (size_t i = 0; i < params.size(); ++i) {
-              fsdp::ShardedParam& p = *params[i];
-              std::span<float> buffer{momentum[i].f32(), size_t(momentum[i].numel())};
-              sgd.step({p.shard.f32(), size_t(p.shard.numel())}, p.grad.to_vector(),
-                       std::span<const std::span<float>>(&buffer, 1), steps[i]);
-            }
-            fsdp::zero_sharded_grads(model);
-            check_memory("between steps");  // nothing unsharded stays behind
-          }
-          expect_losses(got, want, 1e-5,
-                        offload ? "uneven dims on 4 ranks, offload" : "uneven dims on 4 ranks");
-          fsdp::FsdpStats s = fsdp::stats(model);
-          RANK_CHECK(s.all_gathers >= 5 * 2 && s.reduce_scatters == 5 * 2, "{} {}", s.all_gathers,
-                     s.reduce_scatters);
-        },
-        std::chrono::seconds(120));
+    on_ranks(4, [&](const std::shared_ptr<ProcessGroup>& world) {
+      const int rank = world->rank();
+      auto& tracker = kit::MemoryTracker::global();
+      int64_t before[kit::kNumMemKinds];
+      for (int k = 0; k < kit::kNumMemKinds; ++k) {
+        before[k] = tracker.current(static_cast<kit::MemKind>(k));
+      }
+      auto held = [&](kit::MemKind kind) { return tracker.current(kind) - before[int(kind)]; };
+      DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {4}, {"dp"}, world);
+      kit::MlpModel model(dims);
+      kit::init_mlp(model, 99);
+      fsdp::FullyShardOptions options;
+      options.offload_policy.offload = offload;
+      fsdp::fully_shard(model.linear(0), mesh, options);
+      fsdp::fully_shard(model, mesh, options);
+      auto params = fsdp::sharded_parameters(model);
+      // Optimizer state (SGD's momentum buffer) in tracked memory, beside the shards.
+      const kit::MemKind state_kind = offload ? kit::MemKind::Host : kit::MemKind::Optimizer;
+      std::vector<kit::Tensor> momentum;
+      std::vector<int64_t> steps(params.size(), 0);
+      int64_t shard_bytes = 0;
+      for (fsdp::ShardedParam* p : params) {
+        int64_t dim0 = p->full_shape[0];
+        RANK_CHECK(p->chunk_rows == (dim0 + 3) / 4, "{}", p->fqn);
+        RANK_CHECK(p->rows == std::clamp<int64_t>(dim0 - rank * p->chunk_rows, 0, p->chunk_rows));
+        shard_bytes += p->chunk_rows * p->row_elements * 4;
+        momentum.push_back(kit::Tensor::zeros({p->shard.numel()}, kit::DType::Float32, state_kind));
+      }
+      // Params, grads and optimizer state: exactly the padded 1/N each, where they belong.
+      auto check_memory = [&](const char* when) {
+        const int64_t on_device = offload ? 0 : shard_bytes;
+        RANK_CHECK(held(kit::MemKind::Params) == on_device, "{}: params {}", when,
+                   held(kit::MemKind::Params));
+        RANK_CHECK(held(kit::MemKind::Grads) == on_device, "{}: grads", when);
+        RANK_CHECK(held(kit::MemKind::Optimizer) == on_device, "{}: optimizer", when);
+        RANK_CHECK(held(kit::MemKind::Host) == (offload ? 3 * shard_bytes : 0), "{}: host {}", when,
+                   held(kit::MemKind::Host));
+        RANK_CHECK(held(kit::MemKind::Comm) == 0, "{}: comm", when);
+      };
+      check_memory("after fully_shard");
+      std::vector<float> got;
+      for (int step = 0; step < 5; ++step) {
+        auto [x, y] = batch(step);
+        // Every rank computes the same full batch: averaging equal gradients gives the same.
+        float loss = model.forward_loss(kit::Tensor::from({8, 7}, x, kit::MemKind::Activations), y);
+        model.backward_loss();
+        got.push_back(loss);
+        for (size_t i = 0; i < params.size(); ++i) {
+          fsdp::ShardedParam& p = *params[i];
+          std::span<float> buffer{momentum[i].f32(), size_t(momentum[i].numel())};
+          sgd.step({p.shard.f32(), size_t(p.shard.numel())}, p.grad.to_vector(),
+                   std::span<const std::span<float>>(&buffer, 1), steps[i]);
+        }
+        fsdp::zero_sharded_grads(model);
+        check_memory("between steps");  // nothing unsharded stays behind
+      }
+      expect_losses(got, want, 1e-5,
+                    offload ? "uneven dims on 4 ranks, offload" : "uneven dims on 4 ranks");
+      fsdp::FsdpStats s = fsdp::stats(model);
+      RANK_CHECK(s.all_gathers >= 5 * 2 && s.reduce_scatters == 5 * 2, "{} {}", s.all_gathers,
+                 s.reduce_scatters);
+    });
   }
 }
 
@@ -484,47 +446,41 @@ TEST_CASE("fsdp: explicit prefetch lists gather ahead, and change neither gather
   const int64_t forward_ahead =
       float32_bytes(sizes.transformer.wte) + float32_bytes(sizes.transformer.wpe) +
       float32_bytes(sizes.transformer.block(0)) + float32_bytes(sizes.transformer.block(1));
-  const uint16_t port = test::free_port();
-  test::run_ranks_ok(
-      2,
-      [&](int rank) {
-        auto world = join(port, rank, 2);
-        LeaveLast last{*world};
-        fsdp::FsdpStats implicit, explicit_lists;
-        RunOptions plain = on_mesh({2});
-        plain.stats = &implicit;
-        expect_losses(sharded_losses(world, plain), want, 1e-5, "implicit prefetch");
+  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& world) {
+    fsdp::FsdpStats implicit, explicit_lists;
+    RunOptions plain = on_mesh({2});
+    plain.stats = &implicit;
+    expect_losses(sharded_losses(world, plain), want, 1e-5, "implicit prefetch");
 
-        int64_t peak = 0;
-        RunOptions run = on_mesh({2});
-        run.stats = &explicit_lists;
-        run.peak_unsharded = &peak;
-        run.configure = [](GPT& model) {
-          kit::GptTransformer& t = model.transformer;
-          fsdp::set_modules_to_forward_prefetch(t.wte, {&t.wpe, &t.block(0), &t.block(1)});
-          fsdp::set_modules_to_backward_prefetch(model.lm_head, {&t.ln_f, &t.block(1)});
-          fsdp::set_modules_to_backward_prefetch(t.block(1), {&t.block(0), &t.wpe});
-        };
-        expect_losses(sharded_losses(world, run), want, 1e-5, "explicit prefetch");
-        // Every prefetched group is used: no gather is added or lost.
-        RANK_CHECK(explicit_lists.all_gathers == implicit.all_gathers, "{} gathers vs {}",
-                   explicit_lists.all_gathers, implicit.all_gathers);
-        RANK_CHECK(explicit_lists.reduce_scatters == implicit.reduce_scatters);
-        RANK_CHECK(peak == forward_ahead, "peak unsharded {} B, wte + wpe + two blocks {} B", peak,
-                   forward_ahead);
-        // Only modules passed to fully_shard can be named.
-        GPT other(kConfig);
-        try {
-          fsdp::set_modules_to_forward_prefetch(other.lm_head, {});
-          RANK_CHECK(false, "accepted a module that is not sharded");
-        } catch (const Error& e) {
-          RANK_CHECK(
-              e.code() == ErrorCode::InvalidArgument &&
-                  std::string(e.what()).find("was not passed to fully_shard") != std::string::npos,
-              "{}", e.what());
-        }
-      },
-      std::chrono::seconds(120));
+    int64_t peak = 0;
+    RunOptions run = on_mesh({2});
+    run.stats = &explicit_lists;
+    run.peak_unsharded = &peak;
+    run.configure = [](GPT& model) {
+      kit::GptTransformer& t = model.transformer;
+      fsdp::set_modules_to_forward_prefetch(t.wte, {&t.wpe, &t.block(0), &t.block(1)});
+      fsdp::set_modules_to_backward_prefetch(model.lm_head, {&t.ln_f, &t.block(1)});
+      fsdp::set_modules_to_backward_prefetch(t.block(1), {&t.block(0), &t.wpe});
+    };
+    expect_losses(sharded_losses(world, run), want, 1e-5, "explicit prefetch");
+    // Every prefetched group is used: no gather is added or lost.
+    RANK_CHECK(explicit_lists.all_gathers == implicit.all_gathers, "{} gathers vs {}",
+               explicit_lists.all_gathers, implicit.all_gathers);
+    RANK_CHECK(explicit_lists.reduce_scatters == implicit.reduce_scatters);
+    RANK_CHECK(peak == forward_ahead, "peak unsharded {} B, wte + wpe + two blocks {} B", peak,
+               forward_ahead);
+    // Only modules passed to fully_shard can be named.
+    GPT other(kConfig);
+    try {
+      fsdp::set_modules_to_forward_prefetch(other.lm_head, {});
+      RANK_CHECK(false, "accepted a module that is not sharded");
+    } catch (const Error& e) {
+      RANK_CHECK(
+          e.code() == ErrorCode::InvalidArgument &&
+              std::string(e.what()).find("was not passed to fully_shard") != std::string::npos,
+          "{}", e.what());
+    }
+  });
 }
 
 // One forward and backward of an MLP on one process: the reference gradients.
@@ -547,10 +503,8 @@ TEST_CASE("fsdp: gradient_divide_factor sums and divides instead of averaging", 
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 5 % 13) - 6) / 8.0f;
   const std::vector<int32_t> y = {0, 2, 1, 2};
   const std::vector<std::vector<float>> want = mlp_reference_grads(dims, x, y);
-  const uint16_t port = test::free_port();
-  test::run_ranks_ok(2, [&](int rank) {
-    auto world = join(port, rank, 2);
-    LeaveLast last{*world};
+  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& world) {
+    const int rank = world->rank();
     DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {2}, {"dp"}, world);
     // Both ranks run the same batch, so each rank's gradient is the reference's: the average is
     // the reference, the plain sum (factor 1) twice it, a factor of 4 half of it.
@@ -588,56 +542,47 @@ TEST_CASE("fsdp: gradient_divide_factor sums and divides instead of averaging", 
 TEST_CASE("fsdp: output_dtype casts what a sharded module returns, and training follows",
           "[fsdp]") {
   const std::vector<float> want = reference_losses();
-  const uint16_t port = test::free_port();
-  test::run_ranks_ok(
-      2,
-      [&](int rank) {
-        auto world = join(port, rank, 2);
-        LeaveLast last{*world};
-        DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {2}, {"dp"}, world);
-        // A sharded Linear returns bfloat16: the float32 result rounded to nearest even.
-        {
-          const std::vector<int64_t> dims = {6, 5, 3};
-          kit::MlpModel reference(dims), model(dims);
-          kit::init_mlp(reference, 5);
-          kit::init_mlp(model, 5);
-          fsdp::FullyShardOptions options;
-          options.mp_policy.output_dtype = kit::DType::BFloat16;
-          fsdp::fully_shard(model.linear(0), mesh, options);
-          fsdp::fully_shard(model, mesh);
-          std::vector<float> x(2 * 6);
-          for (size_t i = 0; i < x.size(); ++i) x[i] = float(i) / 7.0f - 0.6f;
-          const kit::Tensor input = kit::Tensor::from({2, 6}, x, kit::MemKind::Activations);
-          const kit::Tensor expected = reference.linear(0).call_forward(input);
-          const kit::Tensor got = model.linear(0).call_forward(input);
-          RANK_CHECK(got.dtype() == kit::DType::BFloat16, "output is {}", got.describe());
-          RANK_CHECK(got.shape() == expected.shape(), "{} vs {}", got.describe(),
-                     expected.describe());
-          for (int64_t i = 0; i < got.numel(); ++i) {
-            const float rounded = kit::bf16_to_float(kit::float_to_bf16(expected.f32()[i]));
-            RANK_CHECK(got.item(i) == rounded, "output[{}] = {}, bf16({}) = {}", i, got.item(i),
-                       expected.f32()[i], rounded);
-          }
-        }
-        // Every group's output in bfloat16 (gathers in bfloat16, reduction in float32).
-        fsdp::FullyShardOptions options;
-        options.mp_policy.param_dtype = kit::DType::BFloat16;
-        options.mp_policy.reduce_dtype = kit::DType::Float32;
-        options.mp_policy.output_dtype = kit::DType::BFloat16;
-        // Measured: 3.1e-4 at most over the 20 steps (docs/fsdp.md); tested with 10x room.
-        expect_losses(sharded_losses(world, on_mesh({2}, 1, options)), want, 3e-3,
-                      "bf16 gathers and outputs");
-      },
-      std::chrono::seconds(120));
+  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& world) {
+    DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {2}, {"dp"}, world);
+    // A sharded Linear returns bfloat16: the float32 result rounded to nearest even.
+    {
+      const std::vector<int64_t> dims = {6, 5, 3};
+      kit::MlpModel reference(dims), model(dims);
+      kit::init_mlp(reference, 5);
+      kit::init_mlp(model, 5);
+      fsdp::FullyShardOptions options;
+      options.mp_policy.output_dtype = kit::DType::BFloat16;
+      fsdp::fully_shard(model.linear(0), mesh, options);
+      fsdp::fully_shard(model, mesh);
+      std::vector<float> x(2 * 6);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = float(i) / 7.0f - 0.6f;
+      const kit::Tensor input = kit::Tensor::from({2, 6}, x, kit::MemKind::Activations);
+      const kit::Tensor expected = reference.linear(0).call_forward(input);
+      const kit::Tensor got = model.linear(0).call_forward(input);
+      RANK_CHECK(got.dtype() == kit::DType::BFloat16, "output is {}", got.describe());
+      RANK_CHECK(got.shape() == expected.shape(), "{} vs {}", got.describe(), expected.describe());
+      for (int64_t i = 0; i < got.numel(); ++i) {
+        const float rounded = kit::bf16_to_float(kit::float_to_bf16(expected.f32()[i]));
+        RANK_CHECK(got.item(i) == rounded, "output[{}] = {}, bf16({}) = {}", i, got.item(i),
+                   expected.f32()[i], rounded);
+      }
+    }
+    // Every group's output in bfloat16 (gathers in bfloat16, reduction in float32).
+    fsdp::FullyShardOptions options;
+    options.mp_policy.param_dtype = kit::DType::BFloat16;
+    options.mp_policy.reduce_dtype = kit::DType::Float32;
+    options.mp_policy.output_dtype = kit::DType::BFloat16;
+    // Measured: 3.1e-4 at most over the 20 steps (docs/fsdp.md); tested with 10x room.
+    expect_losses(sharded_losses(world, on_mesh({2}, 1, options)), want, 3e-3,
+                  "bf16 gathers and outputs");
+  });
 }
 
 TEST_CASE("fsdp: the sharded state dict holds this rank's rows and loads them back", "[fsdp]") {
   GPT reference(kConfig);
   kit::init_gpt(reference, 1234);
-  const uint16_t port = test::free_port();
-  test::run_ranks_ok(3, [&](int rank) {
-    auto world = join(port, rank, 3);
-    LeaveLast last{*world};
+  on_ranks(3, [&](const std::shared_ptr<ProcessGroup>& world) {
+    const int rank = world->rank();
     DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {3}, {"dp"}, world);
     auto shard = [&](GPT& model) {
       for (size_t i = 0; i < size_t(kConfig.n_layer); ++i) {
