@@ -107,9 +107,12 @@ class TcpStoreServer::Impl {
   std::vector<uint64_t> resume_;  // answered WAITs with queries held behind them
   uint64_t next_id_ = kFirstConnectionId;
   size_t total_buffered_ = 0;
+  size_t violations_ = 0;
   std::vector<uint8_t> read_buffer_;
 
-  // Published for stats(), written by the loop thread only.
+  // Published for stats() at the end of each loop turn, by the loop thread only, so that one
+  // snapshot is consistent: a reader that sees a connection closed for a violation also sees the
+  // buffered bytes without that connection's (stats() reads in the reverse order of the writes).
   std::atomic<size_t> stat_connections_{0};
   std::atomic<size_t> stat_keys_{0};
   std::atomic<size_t> stat_parked_{0};
@@ -160,7 +163,7 @@ TcpStoreServer::Stats TcpStoreServer::Impl::stats() const {
   s.keys = stat_keys_.load();
   s.parked_waits = stat_parked_.load();
   s.closed_for_violation = stat_violations_.load();
-  s.buffered_bytes = stat_buffered_.load();
+  s.buffered_bytes = stat_buffered_.load();  // after: at least as new as the count
   return s;
 }
 
@@ -216,6 +219,7 @@ void TcpStoreServer::Impl::publish_stats() {
   stat_keys_ = static_cast<size_t>(state_.num_keys());
   stat_parked_ = state_.parked_count();
   stat_buffered_ = total_buffered_;
+  stat_violations_ = violations_;
 }
 
 void TcpStoreServer::Impl::accept_all() {
@@ -512,7 +516,7 @@ void TcpStoreServer::Impl::set_want_write(Connection& c, bool want) {
 void TcpStoreServer::Impl::close_for_violation(Connection& c, const std::string& reason) {
   if (c.closed()) return;
   WEFT_LOG_WARN("{}: closing connection from {}: {}", where_, c.peer(), reason);
-  ++stat_violations_;
+  ++violations_;
   close_connection(c);
 }
 
