@@ -50,10 +50,12 @@ FullTensor gather_full(ShardedParam& p) {
   return out;
 }
 
-// Copies this rank's rows of `full` (dim0 x row_elements values) into p's shard (padding zero).
-void take_rows(ShardedParam& p, std::span<const float> full) {
+// Copies this rank's rows into p's shard (padding zero) from `values`, rows of the full tensor
+// starting at row `values_first_row` that cover this rank's (checked by the callers).
+void take_rows(ShardedParam& p, std::span<const float> values, int64_t values_first_row = 0) {
   std::fill(p.shard.f32(), p.shard.f32() + p.shard.numel(), 0.0f);
-  std::memcpy(p.shard.f32(), full.data() + first_row(p) * p.row_elements,
+  if (p.rows == 0) return;  // a trailing rank past the last row: its first row may be too
+  std::memcpy(p.shard.f32(), values.data() + (first_row(p) - values_first_row) * p.row_elements,
               static_cast<size_t>(p.rows * p.row_elements) * sizeof(float));
 }
 
@@ -94,7 +96,7 @@ ShardedStateDict sharded_state_dict(kit::Module& root) {
   for (ShardedParam* p : sharded_parameters(root)) {
     ShardedTensor t;
     t.full_shape = p->full_shape;
-    t.first_row = first_row(*p);
+    t.first_row = std::min(first_row(*p), dim0(*p));  // a trailing rank may start past the end
     t.rows = p->rows;
     t.values.assign(p->shard.f32(), p->shard.f32() + p->rows * p->row_elements);
     out.emplace_back(p->fqn, std::move(t));
@@ -129,11 +131,7 @@ void load_sharded_state_dict(kit::Module& root, const ShardedStateDict& state) {
     }
     plan.emplace_back(p, &t);
   }
-  for (auto [p, t] : plan) {
-    std::fill(p->shard.f32(), p->shard.f32() + p->shard.numel(), 0.0f);
-    std::memcpy(p->shard.f32(), t->values.data() + (first_row(*p) - t->first_row) * p->row_elements,
-                static_cast<size_t>(p->rows * p->row_elements) * sizeof(float));
-  }
+  for (auto [p, t] : plan) take_rows(*p, t->values, t->first_row);
 }
 
 void export_safetensors(kit::Module& root, const std::string& path) {

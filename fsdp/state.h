@@ -42,7 +42,7 @@ void load_full_state_dict(kit::Module& root, const StateDict& state);
 // tensor and its Shard(0) placement say, for a dim-0 shard).
 struct ShardedTensor {
   std::vector<int64_t> full_shape;
-  int64_t first_row = 0;      // the full tensor's row that values start at
+  int64_t first_row = 0;      // the full tensor's row values start at (dim 0 when rows is 0)
   int64_t rows = 0;           // rows held; trailing ranks may hold none
   std::vector<float> values;  // rows x (product of full_shape[1:]) values, row-major, no padding
 
