@@ -110,9 +110,10 @@ class TcpStoreServer::Impl {
   size_t violations_ = 0;
   std::vector<uint8_t> read_buffer_;
 
-  // Published for stats() at the end of each loop turn, by the loop thread only, so that one
-  // snapshot is consistent: a reader that sees a connection closed for a violation also sees the
-  // buffered bytes without that connection's (stats() reads in the reverse order of the writes).
+  // Published for stats() at the end of each loop turn and when a connection is closed for a
+  // violation, by the loop thread only, buffered bytes before the violation count: a reader that
+  // sees a connection closed for a violation also sees the buffered bytes without that
+  // connection's (stats() reads in the reverse order of the writes).
   std::atomic<size_t> stat_connections_{0};
   std::atomic<size_t> stat_keys_{0};
   std::atomic<size_t> stat_parked_{0};
@@ -517,6 +518,10 @@ void TcpStoreServer::Impl::close_for_violation(Connection& c, const std::string&
   if (c.closed()) return;
   WEFT_LOG_WARN("{}: closing connection from {}: {}", where_, c.peer(), reason);
   ++violations_;
+  // Published before the descriptor closes (a client may ask for stats as soon as it sees the
+  // close), bytes first, already without this connection's.
+  stat_buffered_ = total_buffered_ - c.accounted_bytes;
+  stat_violations_ = violations_;
   close_connection(c);
 }
 
