@@ -107,13 +107,11 @@ class TcpStoreServer::Impl {
   std::vector<uint64_t> resume_;  // answered WAITs with queries held behind them
   uint64_t next_id_ = kFirstConnectionId;
   size_t total_buffered_ = 0;
-  size_t violations_ = 0;
   std::vector<uint8_t> read_buffer_;
 
-  // Published for stats() at the end of each loop turn and when a connection is closed for a
-  // violation, by the loop thread only, buffered bytes before the violation count: a reader that
-  // sees a connection closed for a violation also sees the buffered bytes without that
-  // connection's (stats() reads in the reverse order of the writes).
+  // Published for stats() by the loop thread only, at the end of each turn; a violation publishes
+  // the buffered bytes (without its connection's) before it counts, so a reader that sees the
+  // count also sees those bytes (stats() reads in the reverse order of the writes).
   std::atomic<size_t> stat_connections_{0};
   std::atomic<size_t> stat_keys_{0};
   std::atomic<size_t> stat_parked_{0};
@@ -220,7 +218,6 @@ void TcpStoreServer::Impl::publish_stats() {
   stat_keys_ = static_cast<size_t>(state_.num_keys());
   stat_parked_ = state_.parked_count();
   stat_buffered_ = total_buffered_;
-  stat_violations_ = violations_;
 }
 
 void TcpStoreServer::Impl::accept_all() {
@@ -517,11 +514,10 @@ void TcpStoreServer::Impl::set_want_write(Connection& c, bool want) {
 void TcpStoreServer::Impl::close_for_violation(Connection& c, const std::string& reason) {
   if (c.closed()) return;
   WEFT_LOG_WARN("{}: closing connection from {}: {}", where_, c.peer(), reason);
-  ++violations_;
   // Published before the descriptor closes (a client may ask for stats as soon as it sees the
   // close), bytes first, already without this connection's.
   stat_buffered_ = total_buffered_ - c.accounted_bytes;
-  stat_violations_ = violations_;
+  ++stat_violations_;
   close_connection(c);
 }
 
