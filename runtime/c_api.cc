@@ -163,9 +163,14 @@ class CallCheck {
     return ReduceOp(static_cast<ReduceOp::Kind>(value));
   }
 
-  // A buffer of `count` elements: NULL only when empty.
-  void buffer(const void* data, size_t count, const char* name) const {
+  // A buffer of `count` elements of `dtype`: NULL only when empty, and a byte size that fits in
+  // size_t (a wrapped one would move a few bytes and report success).
+  void buffer(const void* data, size_t count, DType dtype, const char* name) const {
     if (data == nullptr && count > 0) fail(fmt::format("{} is NULL but count is {}", name, count));
+    if (count > SIZE_MAX / dtype_size(dtype)) {
+      fail(fmt::format("{} of {} elements of {} overflows size_t bytes", name, count,
+                       dtype_name(dtype)));
+    }
   }
 
   // count * size(), for buffers that hold one block per rank.
@@ -214,8 +219,8 @@ std::shared_ptr<Work> reduce_scatter(ProcessGroup& pg, const void* sendbuf, void
   const DType type = check.dtype(dtype);
   const ReduceOp reduce_op = op != nullptr ? check.op(*op) : ReduceOp::premul_sum(factor);
   const size_t total = check.per_rank(recvcount, "recvcount");
-  check.buffer(sendbuf, total, "sendbuf");
-  check.buffer(recvbuf, recvcount, "recvbuf");
+  check.buffer(sendbuf, total, type, "sendbuf");
+  check.buffer(recvbuf, recvcount, type, "recvbuf");
   return pg.reduce_scatter_tensor(view(recvbuf, recvcount, type), view(sendbuf, total, type),
                                   reduce_op);
 }
@@ -366,8 +371,8 @@ weft_result_t weft_all_reduce(weft_group_t* group, const void* sendbuf, void* re
     CallCheck check(pg, "all_reduce");
     const DType type = check.dtype(dtype);
     const ReduceOp reduce_op = check.op(op);
-    check.buffer(sendbuf, count, "sendbuf");
-    check.buffer(recvbuf, count, "recvbuf");
+    check.buffer(sendbuf, count, type, "sendbuf");
+    check.buffer(recvbuf, count, type, "recvbuf");
     return pg.all_reduce(weft::view(sendbuf, count, type), weft::view(recvbuf, count, type),
                          reduce_op);
   });
@@ -379,8 +384,8 @@ weft_result_t weft_all_reduce_premul(weft_group_t* group, const void* sendbuf, v
   return weft::issue("weft_all_reduce_premul", group, work, [&](ProcessGroup& pg) {
     CallCheck check(pg, "all_reduce");
     const DType type = check.dtype(dtype);
-    check.buffer(sendbuf, count, "sendbuf");
-    check.buffer(recvbuf, count, "recvbuf");
+    check.buffer(sendbuf, count, type, "sendbuf");
+    check.buffer(recvbuf, count, type, "recvbuf");
     return pg.all_reduce(weft::view(sendbuf, count, type), weft::view(recvbuf, count, type),
                          ReduceOp::premul_sum(factor));
   });
@@ -392,8 +397,8 @@ weft_result_t weft_reduce(weft_group_t* group, const void* sendbuf, void* recvbu
     CallCheck check(pg, "reduce");
     const DType type = check.dtype(dtype);
     const ReduceOp reduce_op = check.op(op);
-    check.buffer(sendbuf, count, "sendbuf");
-    if (root == pg.rank()) check.buffer(recvbuf, count, "recvbuf");
+    check.buffer(sendbuf, count, type, "sendbuf");
+    if (root == pg.rank()) check.buffer(recvbuf, count, type, "recvbuf");
     return pg.reduce(weft::view(sendbuf, count, type), weft::view(recvbuf, count, type), root,
                      reduce_op);
   });
@@ -404,7 +409,7 @@ weft_result_t weft_broadcast(weft_group_t* group, void* buf, size_t count, weft_
   return weft::issue("weft_broadcast", group, work, [&](ProcessGroup& pg) {
     CallCheck check(pg, "broadcast");
     const DType type = check.dtype(dtype);
-    check.buffer(buf, count, "buf");
+    check.buffer(buf, count, type, "buf");
     return pg.broadcast(weft::view(buf, count, type), root);
   });
 }
@@ -415,8 +420,8 @@ weft_result_t weft_all_gather(weft_group_t* group, const void* sendbuf, void* re
     CallCheck check(pg, "all_gather_into_tensor");
     const DType type = check.dtype(dtype);
     const size_t total = check.per_rank(sendcount, "sendcount");
-    check.buffer(sendbuf, sendcount, "sendbuf");
-    check.buffer(recvbuf, total, "recvbuf");
+    check.buffer(sendbuf, sendcount, type, "sendbuf");
+    check.buffer(recvbuf, total, type, "recvbuf");
     return pg.all_gather_into_tensor(weft::view(recvbuf, total, type),
                                      weft::view(sendbuf, sendcount, type));
   });
@@ -444,8 +449,8 @@ weft_result_t weft_all_to_all(weft_group_t* group, const void* sendbuf, void* re
     CallCheck check(pg, "all_to_all");
     const DType type = check.dtype(dtype);
     const size_t total = check.per_rank(count, "count");
-    check.buffer(sendbuf, total, "sendbuf");
-    check.buffer(recvbuf, total, "recvbuf");
+    check.buffer(sendbuf, total, type, "sendbuf");
+    check.buffer(recvbuf, total, type, "recvbuf");
     return pg.all_to_all(weft::view(recvbuf, total, type), weft::view(sendbuf, total, type));
   });
 }
@@ -459,7 +464,7 @@ weft_result_t weft_send(weft_group_t* group, const void* buf, size_t count, weft
   return weft::issue("weft_send", group, work, [&](ProcessGroup& pg) {
     CallCheck check(pg, "send");
     const DType type = check.dtype(dtype);
-    check.buffer(buf, count, "buf");
+    check.buffer(buf, count, type, "buf");
     return pg.send(weft::view(buf, count, type), peer, tag);
   });
 }
@@ -469,7 +474,7 @@ weft_result_t weft_recv(weft_group_t* group, void* buf, size_t count, weft_dtype
   return weft::issue("weft_recv", group, work, [&](ProcessGroup& pg) {
     CallCheck check(pg, "recv");
     const DType type = check.dtype(dtype);
-    check.buffer(buf, count, "buf");
+    check.buffer(buf, count, type, "buf");
     return pg.recv(weft::view(buf, count, type), peer, tag);
   });
 }

@@ -3,7 +3,11 @@
 // asks the registry for the factory of whatever the backend map says.
 #include "weft/process_group.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -15,6 +19,7 @@
 #include "weft/prefix_store.h"
 #include "weft/rendezvous.h"
 
+#include "runtime/abortable_store.h"
 #include "runtime/buffer_pool.h"
 #include "runtime/log.h"
 #include "runtime/reduce.h"
@@ -34,6 +39,14 @@ struct World {
   std::unique_ptr<TcpStoreServer> server;
   std::shared_ptr<Store> store;
 };
+
+// fork() count of this process's ancestry: a child of fork() sees one more than its parent did
+// when it made its groups. A group's progress threads (and its store server's) are not in the
+// child, so the child may neither use nor tear down the parent's groups (it would wait forever
+// for threads that do not exist). Counted by an atfork handler: cheaper than getpid() per call.
+std::atomic<uint64_t> forks_seen{0};
+[[maybe_unused]] const int atfork_registered =
+    pthread_atfork(nullptr, nullptr, [] { forks_seen.fetch_add(1, std::memory_order_relaxed); });
 
 // Runs after a collective's backend Work succeeds, on the thread that completed it, before the
 // user's Work completes (copies out of staging buffers).
@@ -55,6 +68,11 @@ struct ProcessGroup::State {
   std::vector<std::pair<DeviceKind, std::string>> backend_map;
   bool debug_detail = false;
   std::shared_ptr<BufferPool> staging = BufferPool::create();
+  // Raised by abort(); the group's store (and its children's while they form) stop waiting on it.
+  std::shared_ptr<AbortSignal> abort_signal;
+  std::vector<std::shared_ptr<const AbortSignal>> abort_chain;  // this group's and its ancestors'
+  const pid_t creator_pid = getpid();
+  const uint64_t creator_forks = forks_seen.load(std::memory_order_relaxed);
 
   mutable std::mutex mutex;
   std::map<DeviceKind, std::unique_ptr<Backend>> backends;  // guarded by mutex
@@ -72,6 +90,29 @@ struct ProcessGroup::State {
 
   ErrorContext context(std::string_view op, uint64_t op_seq, std::string detail = {}) const {
     return ErrorContext{rank, size, name, std::string(op), op_seq, std::move(detail)};
+  }
+
+  // Whether this process is a fork() child of the one that made the group.
+  bool in_forked_child() const {
+    return forks_seen.load(std::memory_order_relaxed) != creator_forks;
+  }
+
+  [[noreturn]] void fail_forked(std::string_view op) const {
+    throw Error(
+        ErrorCode::InvalidArgument, context(op, seq + 1),
+        fmt::format("this process (pid {}) is a fork() child of the one that made the group "
+                    "(pid {}): a group cannot be used or destroyed across fork() (its "
+                    "threads stayed in the parent); make a new group in the child",
+                    getpid(), creator_pid));
+  }
+
+  // Refuses any use of a destroyed group, or of a group from a fork() child.
+  // REQUIRES: mutex held.
+  void check_usable(std::string_view op) const {
+    if (in_forked_child()) fail_forked(op);
+    if (destroyed) {
+      throw Error(ErrorCode::InvalidArgument, context(op, seq + 1), "the group has been destroyed");
+    }
   }
 
   // The backend serving `kind`, made on first use (collective: every rank uses the same kinds in
@@ -123,10 +164,21 @@ class Checker {
     throw Error(ErrorCode::InvalidArgument, state_.context(op_, state_.seq + 1), detail);
   }
 
+  // A valid dtype, data for every element, and a byte size that neither overflows size_t nor
+  // runs past the end of the address space (a wrapped size would move a few bytes and succeed).
   void tensor(const Tensor& t, std::string_view name) const {
     if (!is_valid(t.dtype)) fail(fmt::format("{} has an invalid dtype", name));
     if (t.count > 0 && t.data == nullptr) {
       fail(fmt::format("{} has {} elements but a null data pointer", name, t.count));
+    }
+    const size_t element = dtype_size(t.dtype);
+    if (t.count > SIZE_MAX / element) {
+      fail(fmt::format("{} has {} elements of {}: {} bytes each overflows size_t", name, t.count,
+                       dtype_name(t.dtype), element));
+    }
+    if (reinterpret_cast<uintptr_t>(t.data) > UINTPTR_MAX - t.count * element) {
+      fail(fmt::format("{} has {} elements of {} from {}: past the end of the address space", name,
+                       t.count, dtype_name(t.dtype), t.data));
     }
   }
   void same_kind(const Tensor& t, const Tensor& reference, std::string_view name,
@@ -168,6 +220,25 @@ class Checker {
       fail(fmt::format("{} has {} entries; expected one per rank ({})", name, counts.size(),
                        state_.size));
     }
+  }
+  // The sum of `counts`, refused when it overflows size_t (a wrapped sum could match a tensor's
+  // count and pass the size check).
+  size_t sum(const std::vector<size_t>& counts, std::string_view name) const {
+    size_t total = 0;
+    for (size_t c : counts) {
+      if (c > SIZE_MAX - total)
+        fail(fmt::format("the sum of {} {} overflows size_t", name, join_counts(counts)));
+      total += c;
+    }
+    return total;
+  }
+  // n * size(), refused when it overflows size_t.
+  size_t per_rank(size_t n, std::string_view name) const {
+    const auto ranks = static_cast<size_t>(state_.size);
+    if (n > SIZE_MAX / ranks) {
+      fail(fmt::format("{} {} times {} ranks overflows size_t", name, n, ranks));
+    }
+    return n * ranks;
   }
 
  private:
@@ -356,6 +427,54 @@ std::pair<Tensor, Epilogue> stage_out(BufferPool& pool, const std::vector<Tensor
           }};
 }
 
+// Where a collective of this rank takes its input in place inside its output: the one overlap of
+// the two that every algorithm handles.
+const void* in_place_input(const Collective& c, int rank) {
+  const Tensor& in = c.inputs[0];
+  const Tensor& out = c.outputs[0];
+  const size_t element = dtype_size(in.dtype);
+  switch (c.kind) {
+    case CollectiveKind::AllGather: {
+      const size_t before = std::accumulate(c.counts.begin(), c.counts.begin() + rank, size_t{0});
+      return static_cast<const char*>(out.data) + before * element;
+    }
+    case CollectiveKind::Gather:
+      return static_cast<const char*>(out.data) + rank * in.count * element;
+    case CollectiveKind::ReduceScatter: {
+      // The output is this rank's block of the input.
+      const size_t before = std::accumulate(c.counts.begin(), c.counts.begin() + rank, size_t{0});
+      return static_cast<const char*>(out.data) - before * element;
+    }
+    case CollectiveKind::Scatter:
+      return static_cast<const char*>(out.data) - rank * out.count * element;
+    default:
+      return out.data;
+  }
+}
+
+// When this rank's input overlaps its output other than in the in-place form, a copy of the input
+// in a pooled buffer replaces it, and the lease is returned (to keep until the Work completes).
+// The algorithms refuse such overlaps, but only on the ranks where they occur: the same call
+// (all_gather(buf, buf) is in place on rank 0 only) would pass on some ranks and leave them
+// waiting for the rest. Staging makes every overlap valid on every rank, before any sequence
+// number is taken.
+std::optional<BufferPool::Lease> stage_overlapping_input(BufferPool& pool, Collective& c,
+                                                         int rank) {
+  if (c.inputs.size() != 1 || c.outputs.size() != 1) return std::nullopt;
+  Tensor& in = c.inputs[0];
+  const Tensor& out = c.outputs[0];
+  if (in.device.kind != DeviceKind::Cpu || out.device.kind != DeviceKind::Cpu) return std::nullopt;
+  const auto a = reinterpret_cast<uintptr_t>(in.data);
+  const auto b = reinterpret_cast<uintptr_t>(out.data);
+  const size_t a_bytes = in.nbytes(), b_bytes = out.nbytes();
+  const bool overlap = a_bytes > 0 && b_bytes > 0 && a < b + b_bytes && b < a + a_bytes;
+  if (!overlap || in.data == in_place_input(c, rank)) return std::nullopt;
+  BufferPool::Lease lease = pool.acquire(a_bytes);
+  std::memcpy(lease.get(), in.data, a_bytes);
+  in.data = lease.get();
+  return lease;
+}
+
 // A Work that completes when `inner` does, after `epilogue` ran (on inner's completing thread).
 std::shared_ptr<Work> chain(const std::shared_ptr<Work>& inner, const ErrorContext& context,
                             std::chrono::milliseconds timeout, Epilogue epilogue) {
@@ -380,15 +499,24 @@ std::shared_ptr<Work> chain(const std::shared_ptr<Work>& inner, const ErrorConte
   return outer;
 }
 
-std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<World> world, std::string store_path,
-                                         int rank, int size, std::string name,
-                                         std::chrono::milliseconds timeout,
-                                         std::vector<int> global_ranks, std::string backend_text,
-                                         std::map<std::string, std::string> settings) {
+// `ancestors`: the abort signals of the groups this one is made from; aborting any of them ends
+// this group's store waits (so a new_group that waits for a member that never comes returns at
+// the parent's abort).
+std::shared_ptr<ProcessGroup> make_group(
+    std::shared_ptr<World> world, std::string store_path, int rank, int size, std::string name,
+    std::chrono::milliseconds timeout, std::vector<int> global_ranks, std::string backend_text,
+    std::map<std::string, std::string> settings,
+    std::vector<std::shared_ptr<const AbortSignal>> ancestors) {
   auto state = std::make_unique<ProcessGroup::State>();
   state->world = world;
   state->store_path = store_path;
-  state->store = std::make_shared<PrefixStore>("weft/pg/" + store_path + "/", world->store);
+  state->abort_signal =
+      std::make_shared<AbortSignal>(fmt::format("rank {}/{} group \"{}\"", rank, size, name));
+  state->abort_chain = std::move(ancestors);
+  state->abort_chain.push_back(state->abort_signal);
+  state->store = std::make_shared<AbortableStore>(
+      std::make_shared<PrefixStore>("weft/pg/" + store_path + "/", world->store),
+      state->abort_chain);
   state->rank = rank;
   state->size = size;
   state->name = std::move(name);
@@ -446,16 +574,29 @@ struct Submit {
     throw Error(ErrorCode::Desync, context, detail);
   }
 
+  // Every check that can refuse the call runs before the sequence number is taken, so that a
+  // refused call leaves the group's numbering (and so every later collective) as it was.
   std::shared_ptr<Work> operator()(Collective c, Epilogue epilogue = nullptr) {
     const DType dtype = dtype_of(c);
     const Device device = device_of(c);
     const bool p2p = c.kind == CollectiveKind::Send || c.kind == CollectiveKind::Recv;
+    if (std::optional<BufferPool::Lease> staged = stage_overlapping_input(*s.staging, c, s.rank)) {
+      epilogue = [lease = *staged, then = std::move(epilogue)] {
+        if (then) then();
+      };
+    }
     std::lock_guard<std::mutex> lock(s.mutex);
     const std::string_view op = collective_name(c.kind);
-    if (s.destroyed) {
+    s.check_usable(op);
+    if (s.coalescing && s.coalesced_device && *s.coalesced_device != device.kind) {
       throw Error(ErrorCode::InvalidArgument, s.context(op, s.seq + 1),
-                  "the group has been destroyed");
+                  "a coalesced group must use one device kind");
     }
+    // The backend is looked up (and made, on first use) before numbering: "no backend serves
+    // cuda tensors" is a refusal like any other.
+    Backend* backend = nullptr;
+    if (!s.coalescing && !s.aborted)
+      backend = &s.backend_for(device.kind, s.context(op, s.seq + 1));
     if (!p2p) c.seq = ++s.seq;
     ErrorContext context = s.context(op, c.seq, describe_call(c, dtype, elements_of(c)));
     if (s.aborted) {
@@ -464,10 +605,6 @@ struct Submit {
                                                  "the group was aborted: " + s.abort_reason)));
     }
     if (s.coalescing) {
-      if (s.coalesced_device && *s.coalesced_device != device.kind) {
-        throw Error(ErrorCode::InvalidArgument, context,
-                    "a coalesced group must use one device kind");
-      }
       s.coalesced_device = device.kind;
       auto work = std::make_shared<Work>(context, s.timeout);
       s.coalesced.push_back(std::move(c));
@@ -475,9 +612,8 @@ struct Submit {
       s.coalesced_epilogues.push_back(std::move(epilogue));
       return work;
     }
-    Backend& backend = s.backend_for(device.kind, context);
     if (s.debug_detail && !p2p) check_fingerprints(c, context);
-    std::shared_ptr<Work> work = backend.post(std::move(c), context);
+    std::shared_ptr<Work> work = backend->post(std::move(c), context);
     if (!epilogue) return work;
     return chain(work, context, s.timeout, std::move(epilogue));
   }
@@ -601,7 +737,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(Tensor output, Tensor
   check.tensor(input, "input");
   check.tensor(output, "output");
   check.same_kind(output, input, "output", "input");
-  check.count(output, input.count * size(), "output", "size() * input.count");
+  check.count(output, check.per_rank(input.count, "input.count"), "output", "size() * input.count");
   Collective c;
   c.kind = CollectiveKind::AllGather;
   c.counts.assign(size(), input.count);
@@ -618,7 +754,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_uneven(Tensor output, Tensor inpu
   check.same_kind(output, input, "output", "input");
   check.counts(counts, "counts");
   check.count(input, counts[rank()], "input", "counts[rank()]");
-  check.count(output, std::accumulate(counts.begin(), counts.end(), size_t{0}), "output",
+  check.count(output, check.sum(counts, "counts"), "output",
               "sum of counts " + join_counts(counts));
   Collective c;
   c.kind = CollectiveKind::AllGather;
@@ -660,7 +796,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(Tensor output, Tensor 
   check.tensor(input, "input");
   check.tensor(output, "output");
   check.same_kind(output, input, "output", "input");
-  check.count(input, output.count * size(), "input", "size() * output.count");
+  check.count(input, check.per_rank(output.count, "output.count"), "input",
+              "size() * output.count");
   check.op(input.dtype, op);
   Collective c;
   c.kind = CollectiveKind::ReduceScatter;
@@ -679,8 +816,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_uneven(Tensor output, Tensor 
   check.same_kind(output, input, "output", "input");
   check.counts(counts, "counts");
   check.count(output, counts[rank()], "output", "counts[rank()]");
-  check.count(input, std::accumulate(counts.begin(), counts.end(), size_t{0}), "input",
-              "sum of counts " + join_counts(counts));
+  check.count(input, check.sum(counts, "counts"), "input", "sum of counts " + join_counts(counts));
   check.op(input.dtype, op);
   Collective c;
   c.kind = CollectiveKind::ReduceScatter;
@@ -734,7 +870,8 @@ std::shared_ptr<Work> ProcessGroup::gather_into_tensor(Tensor output, Tensor inp
   if (rank() == root) {
     check.tensor(output, "output");
     check.same_kind(output, input, "output", "input");
-    check.count(output, input.count * size(), "output", "size() * input.count");
+    check.count(output, check.per_rank(input.count, "input.count"), "output",
+                "size() * input.count");
     c.outputs = {output};
   }
   return Submit{*state_}(std::move(c));
@@ -779,7 +916,8 @@ std::shared_ptr<Work> ProcessGroup::scatter_from_tensor(Tensor output, Tensor in
   if (rank() == root) {
     check.tensor(input, "input");
     check.same_kind(input, output, "input", "output");
-    check.count(input, output.count * size(), "input", "size() * output.count");
+    check.count(input, check.per_rank(output.count, "output.count"), "input",
+                "size() * output.count");
     c.inputs = {input};
   }
   return Submit{*state_}(std::move(c));
@@ -817,10 +955,10 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(Tensor output, Tensor input,
   }
   check.counts(input_splits, "input_splits");
   check.counts(output_splits, "output_splits");
-  check.count(input, std::accumulate(input_splits.begin(), input_splits.end(), size_t{0}), "input",
+  check.count(input, check.sum(input_splits, "input_splits"), "input",
               "sum of input_splits " + join_counts(input_splits));
-  check.count(output, std::accumulate(output_splits.begin(), output_splits.end(), size_t{0}),
-              "output", "sum of output_splits " + join_counts(output_splits));
+  check.count(output, check.sum(output_splits, "output_splits"), "output",
+              "sum of output_splits " + join_counts(output_splits));
   if (input_splits[rank()] != output_splits[rank()]) {
     check.fail(
         fmt::format("input_splits[{0}] = {1} but output_splits[{0}] = {2}: what a rank "
@@ -877,6 +1015,7 @@ std::shared_ptr<Work> ProcessGroup::recv(Tensor tensor, int src, uint64_t tag) {
 
 void ProcessGroup::start_coalescing() {
   std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->check_usable("start_coalescing");
   if (state_->coalescing) {
     throw Error(ErrorCode::InvalidArgument, state_->context("start_coalescing", state_->seq),
                 "already coalescing: call end_coalescing() first");
@@ -887,6 +1026,7 @@ void ProcessGroup::start_coalescing() {
 std::shared_ptr<Work> ProcessGroup::end_coalescing() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
+  s.check_usable("end_coalescing");
   if (!s.coalescing) {
     throw Error(ErrorCode::InvalidArgument, s.context("end_coalescing", s.seq),
                 "start_coalescing() was not called");
@@ -944,6 +1084,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks,
   uint64_t child;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
+    s.check_usable("new_group");
+    if (s.aborted) {
+      throw Error(ErrorCode::Aborted, s.context("new_group", 0),
+                  "the group was aborted: " + s.abort_reason);
+    }
     child = ++s.children;
   }
   const ErrorContext context = s.context("new_group", 0);
@@ -968,7 +1113,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks,
       s.world, path, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), name,
       options.timeout.count() > 0 ? options.timeout : s.timeout, std::move(global),
       options.backend.empty() ? s.backend_text : options.backend,
-      options.backend_settings.empty() ? s.backend_settings : options.backend_settings);
+      options.backend_settings.empty() ? s.backend_settings : options.backend_settings,
+      s.abort_chain);
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, NewGroupOptions options) {
@@ -976,6 +1122,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, NewGroupOp
   uint64_t child;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
+    s.check_usable("split");
     child = ++s.children;
   }
   // One all_gather over this group: everyone learns every (color, key).
@@ -1000,7 +1147,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, NewGroupOp
       s.world, path, rank, static_cast<int>(members.size()), name,
       options.timeout.count() > 0 ? options.timeout : s.timeout, std::move(global),
       options.backend.empty() ? s.backend_text : options.backend,
-      options.backend_settings.empty() ? s.backend_settings : options.backend_settings);
+      options.backend_settings.empty() ? s.backend_settings : options.backend_settings,
+      s.abort_chain);
 }
 
 // ---- Teardown.
@@ -1013,8 +1161,12 @@ void ProcessGroup::abort(const std::string& reason) {
     if (s.aborted) return;
     s.aborted = true;
     s.abort_reason = reason;
-    for (auto& [kind, backend] : s.backends) backends.push_back(backend.get());
+    // In a fork() child the backends' threads are gone: marking the group aborted is all there is.
+    if (!s.in_forked_child()) {
+      for (auto& [kind, backend] : s.backends) backends.push_back(backend.get());
+    }
   }
+  s.abort_signal->raise(reason);
   WEFT_LOG_INFO("rank {}/{} group \"{}\": aborted: {}", s.rank, s.size, s.name, reason);
   // Backends live until destroy(), which takes the mutex after us: the pointers stay valid.
   for (Backend* backend : backends) backend->abort(reason);
@@ -1032,6 +1184,13 @@ void ProcessGroup::destroy() {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.destroyed) return;
     s.destroyed = true;
+    if (s.in_forked_child()) {
+      // Tearing down would join threads (the backends', the store server's) that exist only in
+      // the parent: leave this copy of the parent's group as it is, and say why.
+      for (auto& [kind, backend] : s.backends) static_cast<void>(backend.release());
+      static_cast<void>(new std::shared_ptr<World>(std::move(s.world)));
+      s.fail_forked("destroy");
+    }
     backends = std::move(s.backends);
     s.backends.clear();
   }
@@ -1073,7 +1232,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   std::vector<int> global(size);
   std::iota(global.begin(), global.end(), 0);
   return make_group(world, options.name, rank, size, options.name, timeout, std::move(global),
-                    options.backend, options.backend_settings);
+                    options.backend, options.backend_settings, {});
 }
 
 }  // namespace weft

@@ -17,7 +17,9 @@
 //
 // Buffers: a collective borrows its tensors until its Work completes; the caller must not touch an
 // output (or change an input) before then. Out-of-place collectives never modify their input.
-// In-place use is spelled by passing the same memory, as each collective says.
+// In-place use is spelled by passing the same memory, as each collective says. An input that
+// overlaps its output any other way is copied first (at the call), so that the same call gives
+// the same answer on every rank: all_gather(buf, buf) is in place on rank 0 only.
 //
 // Failure: a Work fails with Error(PeerLost) naming the rank when a peer dies or disconnects
 // (within about a second, not at the timeout), Error(Timeout) naming the op, the sequence number
@@ -29,7 +31,9 @@
 // is the order in which they run, and it must be the same on every rank: issue a group's
 // collectives from one thread, or order them yourself. abort() may be called from any thread at
 // any time. Ownership: groups are shared; a group keeps its world's store (and the store server,
-// on the rank that hosts it) alive.
+// on the rank that hosts it) alive. A group belongs to the process that made it: a fork() child
+// can neither use nor destroy it (its threads stayed in the parent); both are refused with
+// Error(InvalidArgument), and the child's copy is left as it is.
 #pragma once
 
 #include <chrono>
@@ -189,7 +193,9 @@ class ProcessGroup {
   // ---- Teardown.
 
   // Fails every pending and later operation with Error(Aborted) carrying `reason`, unblocking the
-  // running one, in bounded time. From any thread; the first call wins.
+  // running one, in bounded time. From any thread; the first call wins. A new_group() or split()
+  // of this group that is waiting for its members returns Error(Aborted) too (within ~100 ms),
+  // and later ones refuse at once.
   void abort(const std::string& reason = "abort() called");
   bool is_aborted() const;
   // Waits (up to the timeout) for what was issued, then releases the backends and their

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "weft/device.h"
@@ -32,7 +33,17 @@ struct Tensor {
     return Tensor{const_cast<std::remove_cv_t<T>*>(data), count, dtype_of_v<T>, device};
   }
 
-  size_t nbytes() const { return count * dtype_size(dtype); }
+  // count * dtype_size(dtype). Throws Error(InvalidArgument) when that overflows size_t, so that
+  // an absurd count can never wrap into a small byte size (2^62 + 4 float32s are not 16 bytes).
+  size_t nbytes() const {
+    const size_t element = dtype_size(dtype);
+    if (element != 0 && count > SIZE_MAX / element) {
+      throw_error(ErrorCode::InvalidArgument, "Tensor::nbytes",
+                  std::to_string(count) + " elements of " + std::string(dtype_name(dtype)) +
+                      " overflow size_t bytes");
+    }
+    return count * element;
+  }
 
   // The elements [offset, offset + n) as a view on the same memory. Throws
   // Error(InvalidArgument) when the range does not lie inside this view.

@@ -40,7 +40,12 @@
  *    handle reports completion (weft_work_wait or weft_work_test), even if the handle was freed.
  *  - Collectives. Every rank of a group issues the same collectives in the same order with
  *    matching arguments, as in the C++ API (process_group.h says what "matching" means). A call
- *    refused for its arguments issues nothing: the group stays usable.
+ *    refused for its arguments issues nothing: the group stays usable. Counts whose byte size
+ *    overflows size_t are refused. Buffers that overlap other than in place (as each collective
+ *    says) are fine: the input is copied first, on every rank alike.
+ *  - fork(). A group belongs to the process that made it. In a fork() child every call on the
+ *    parent's groups, weft_group_destroy() included, fails at once with
+ *    WEFT_ERR_INVALID_ARGUMENT; the child must not wait for the parent's threads.
  *  - Threads. Any thread may call any function. A group's collectives may be issued from several
  *    threads, but they run in the order they were issued, which must be the same on every rank:
  *    issue them from one thread, or order them yourself. weft_group_abort() is safe at any time.

@@ -3,6 +3,8 @@
 // tests/conformance covers.
 #include "weft/process_group.h"
 
+#include <condition_variable>
+#include <mutex>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -10,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include "weft/tcp_store.h"
+#include "weft/tcp_store_server.h"
 
 #include "tests/support/multiproc.h"
 
@@ -113,6 +116,21 @@ TEST_CASE("process group: argument errors name the argument", "[process_group]")
     RANK_CHECK(m.find("rank " + std::to_string(rank) + "/2 group \"world\" all_reduce #1") !=
                    std::string::npos,
                "{}", m);
+    // Byte sizes that overflow size_t: once they wrapped into a few bytes and "succeeded".
+    Tensor huge{x.data(), (size_t{1} << 62) + 4, DType::Float32, Device{}};
+    m = message([&] { pg->broadcast(huge, 0); });
+    RANK_CHECK(m.find("tensor has 4611686018427387908 elements of float32") != std::string::npos &&
+                   m.find("overflows size_t") != std::string::npos,
+               "{}", m);
+    m = message([&] { pg->send(huge, 1 - rank); });
+    RANK_CHECK(m.find("overflows size_t") != std::string::npos, "{}", m);
+    m = message([&] {
+      pg->all_gather_uneven(Tensor::of(x.data(), 1), Tensor::of(x.data(), 1),
+                            {rank == 0 ? 1 : SIZE_MAX, rank == 0 ? SIZE_MAX : 1});
+    });
+    RANK_CHECK(m.find("the sum of counts") != std::string::npos, "{}", m);
+    m = message([&] { static_cast<void>(huge.nbytes()); });
+    RANK_CHECK(m.find("Tensor::nbytes") != std::string::npos, "{}", m);
     // Nothing was issued: the group still works.
     pg->barrier()->wait();
     RANK_CHECK(pg->sequence_number() == 1);
@@ -180,6 +198,113 @@ TEST_CASE("process group: abort fails pending work with Aborted in bounded time"
         }
       },
       seconds(30));
+}
+
+// A TCPStore that tells a waiting thread when a blocking call starts (once armed).
+class WatchedStore final : public TCPStore {
+ public:
+  using TCPStore::TCPStore;
+
+  void arm() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    armed_ = true;
+  }
+  // Whether a blocking call started after arm(), within `timeout`.
+  bool wait_for_blocking_call(milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return blocked_.wait_for(lock, timeout, [&] { return seen_; });
+  }
+
+  Bytes get(const std::string& key, milliseconds timeout) override {
+    notify();
+    return TCPStore::get(key, timeout);
+  }
+  void wait(const std::vector<std::string>& keys, milliseconds timeout) override {
+    notify();
+    TCPStore::wait(keys, timeout);
+  }
+  std::vector<Bytes> multi_get(const std::vector<std::string>& keys,
+                               milliseconds timeout) override {
+    notify();
+    return TCPStore::multi_get(keys, timeout);
+  }
+
+ private:
+  void notify() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!armed_) return;
+    seen_ = true;
+    blocked_.notify_all();
+  }
+
+  std::mutex mutex_;
+  std::condition_variable blocked_;
+  bool armed_ = false;
+  bool seen_ = false;
+};
+
+// new_group waits in the store for members that never come; an abort of the parent from another
+// thread once left it there until the timeout.
+TEST_CASE("process group: abort ends a new_group blocked on a missing member; later ones refuse",
+          "[process_group]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(
+      2,
+      [&](int rank) {
+        std::unique_ptr<TcpStoreServer> server;
+        if (rank == 0)
+          server = std::make_unique<TcpStoreServer>(TcpStoreServerOptions{.port = port});
+        auto store =
+            std::make_shared<WatchedStore>(TCPStoreOptions{.port = port, .timeout = seconds(20)});
+        ProcessGroupOptions options;
+        options.store = store;
+        options.rank = rank;
+        options.world_size = 2;
+        options.timeout = seconds(20);
+        auto pg = init_process_group(options);
+        pg->barrier()->wait();
+        if (rank == 1) {  // never calls new_group; stays until rank 0 is through
+          store->get("rank 0 done", seconds(20));
+          pg.reset();
+          store->set("rank 1 done", "yes");
+          return;
+        }
+        store->arm();
+        std::thread aborter([&] {
+          if (store->wait_for_blocking_call(seconds(20))) pg->abort("the test gives up on rank 1");
+        });
+        const auto start = std::chrono::steady_clock::now();
+        std::string message = "new_group returned";
+        try {
+          pg->new_group({0, 1});
+        } catch (const Error& e) {
+          RANK_CHECK(e.code() == ErrorCode::Aborted, "{}", e.what());
+          message = e.what();
+        }
+        aborter.join();
+        const auto waited = std::chrono::steady_clock::now() - start;
+        RANK_CHECK(message.find("stopped waiting: rank 0/2 group \"world\" was aborted: the test "
+                                "gives up on rank 1") != std::string::npos,
+                   "{}", message);
+        RANK_CHECK(waited < seconds(5), "new_group returned after {} ms",
+                   std::chrono::duration_cast<milliseconds>(waited).count());
+        // On an aborted group, new_group refuses at once, as split does.
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          try {
+            if (attempt == 0) pg->new_group({0, 1});
+            if (attempt == 1) pg->split(0, 0);
+            RANK_CHECK(false, "attempt {} made a group", attempt);
+          } catch (const Error& e) {
+            RANK_CHECK(e.code() == ErrorCode::Aborted, "{}", e.what());
+            RANK_CHECK(
+                std::string(e.what()).find("the test gives up on rank 1") != std::string::npos,
+                "{}", e.what());
+          }
+        }
+        store->set("rank 0 done", "yes");
+        store->get("rank 1 done", seconds(20));  // this rank hosts the store
+      },
+      seconds(40));
 }
 
 }  // namespace
