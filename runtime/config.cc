@@ -22,10 +22,17 @@ namespace weft {
 namespace {
 
 // Every variable weft reads. Kept beside the parser so that a new one cannot be forgotten here.
-constexpr std::array<std::string_view, 8> kKnownVariables = {
-    "WEFT_LOG",   "WEFT_TIMEOUT", "WEFT_STORE_TOKEN", "WEFT_SHM",
-    "WEFT_DEBUG", "WEFT_ALGO",    "WEFT_SPIN_US",     "WEFT_PLUGIN_PATH",
+// WEFT_JOB_ID is a launcher variable (runtime/launch_env.h reads it), listed so it is not taken
+// for a typo.
+constexpr std::array<std::string_view, 9> kKnownVariables = {
+    "WEFT_LOG",  "WEFT_TIMEOUT", "WEFT_STORE_TOKEN", "WEFT_SHM",    "WEFT_DEBUG",
+    "WEFT_ALGO", "WEFT_SPIN_US", "WEFT_PLUGIN_PATH", "WEFT_JOB_ID",
 };
+
+// WEFT_TIMEOUT bounds every blocking call, rendezvous and connection set-up included, which take
+// a few store round trips and connect retries (10 ms backoff, doubling): below a second, a
+// healthy job on a loaded host fails at init with a Timeout that says nothing about the cause.
+constexpr std::chrono::milliseconds kMinTimeout{1000};
 
 [[noreturn]] void bad_value(const char* name, const char* value, std::string_view accepted) {
   throw_error(ErrorCode::InvalidArgument, "configuration",
@@ -100,8 +107,14 @@ std::chrono::milliseconds parse_duration(const std::string& text, const char* wh
 Config Config::from_env(const std::function<const char*(const char*)>& lookup) {
   Config c;
   if (const char* v = lookup("WEFT_LOG"); v && *v) c.log_level = parse_log_level(v);
-  if (const char* v = lookup("WEFT_TIMEOUT"); v && *v)
+  if (const char* v = lookup("WEFT_TIMEOUT"); v && *v) {
     c.timeout = parse_duration(v, "WEFT_TIMEOUT");
+    if (c.timeout < kMinTimeout) {
+      bad_value("WEFT_TIMEOUT", v,
+                "at least 1 s (\"1\", \"1000ms\"): every blocking call, "
+                "rendezvous included, must finish within it; there is no \"no timeout\"");
+    }
+  }
   if (const char* v = lookup("WEFT_STORE_TOKEN"); v) c.store_token = v;
   if (const char* v = lookup("WEFT_SHM"); v && *v) c.shm = parse_bool("WEFT_SHM", v);
   if (const char* v = lookup("WEFT_DEBUG"); v && *v) {

@@ -121,6 +121,7 @@ LaunchInfo parse_torchrun(const EnvLookup& lookup) {
   }
   info.master_port = parse_port("MASTER_PORT", *port);
   info.agent_store = agent_store_requested(lookup);
+  info.job = launcher_job_id(lookup, info.source);
   return info;
 }
 
@@ -232,6 +233,7 @@ LaunchInfo parse_slurm(const EnvLookup& lookup) {
     info.master_port = derived_store_port(static_cast<uint64_t>(
         parse_int(job_name, *job, 0, std::numeric_limits<int64_t>::max(), "a numeric job id")));
   }
+  info.job = launcher_job_id(lookup, info.source);
   return info;
 }
 
@@ -278,6 +280,7 @@ LaunchInfo parse_openmpi(const EnvLookup& lookup) {
         "neither MASTER_PORT nor OMPI_MCA_ess_base_jobid / PMIX_NAMESPACE is set (Open MPI "
         "convention: the store port is derived from the job id)");
   }
+  info.job = launcher_job_id(lookup, info.source);
   return info;
 }
 
@@ -380,6 +383,41 @@ std::vector<std::string> expand_slurm_nodelist(std::string_view nodelist) {
   }
   if (depth != 0) invalid(fmt::format("Slurm node list '{}' has unbalanced brackets", nodelist));
   return hosts;
+}
+
+std::string JobId::text() const {
+  return empty() ? "no job id" : fmt::format("{}={}", variable, value);
+}
+
+JobId launcher_job_id(const EnvLookup& lookup, std::string_view source) {
+  auto named = [&](const char* name) -> JobId {
+    const char* value = lookup(name);
+    return value != nullptr && *value != '\0' ? JobId{name, value} : JobId{};
+  };
+  auto slurm = [&]() -> JobId {
+    JobId job = named("SLURM_JOB_ID");
+    if (job.empty()) job = named("SLURM_JOBID");
+    JobId step = named("SLURM_STEP_ID");
+    if (!job.empty() && !step.empty()) {
+      job = JobId{job.variable + ".SLURM_STEP_ID", job.value + "." + step.value};
+    }
+    return job;
+  };
+  auto openmpi = [&]() -> JobId {
+    JobId job = named("OMPI_MCA_ess_base_jobid");
+    return job.empty() ? named("PMIX_NAMESPACE") : job;
+  };
+  auto torchrun = [&]() { return named("TORCHELASTIC_RUN_ID"); };
+  if (JobId job = named("WEFT_JOB_ID"); !job.empty()) return job;
+  // The convention that gave rank and size first: a torchrun job inside a Slurm allocation is
+  // told apart from another by torchrun's id, which Slurm's (one per allocation) cannot do.
+  const std::function<JobId()> by_convention[] = {torchrun, slurm, openmpi};
+  const size_t first = source == "slurm" ? 1 : source == "openmpi" ? 2 : 0;
+  if (JobId job = by_convention[first](); !job.empty()) return job;
+  for (const auto& next : by_convention) {
+    if (JobId job = next(); !job.empty()) return job;
+  }
+  return {};
 }
 
 bool agent_store_requested(const EnvLookup& lookup) {

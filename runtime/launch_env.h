@@ -4,7 +4,8 @@
 // Three launcher conventions are understood, tried in this order (the first whose rank variable
 // is set wins; docs/launching.md has the full table):
 //   torchrun / weftrun / by hand: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-//                                 MASTER_PORT (and TORCHELASTIC_USE_AGENT_STORE)
+//                                 MASTER_PORT (and TORCHELASTIC_USE_AGENT_STORE,
+//                                 TORCHELASTIC_RUN_ID, WEFT_JOB_ID)
 //   Slurm (srun):                 SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the first host of
 //                                 SLURM_STEP_NODELIST or SLURM_JOB_NODELIST, SLURM_JOB_ID
 //   Open MPI (mpirun):            OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE},
@@ -26,6 +27,18 @@
 
 namespace weft {
 
+// The launcher's name for the job a process belongs to, when it gives one: `variable` says where
+// it came from ("WEFT_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID.SLURM_STEP_ID", ...),
+// `value` is its value. Both empty when the environment names no job (a launch by hand).
+struct JobId {
+  std::string variable;
+  std::string value;
+
+  bool empty() const { return value.empty(); }
+  // "WEFT_JOB_ID=wr-1f2e", or "no job id" when empty: how messages name a job.
+  std::string text() const;
+};
+
 // Where this process sits in the job and where the job's store is.
 struct LaunchInfo {
   int rank = 0;
@@ -37,6 +50,8 @@ struct LaunchInfo {
   // True under torchrun/weftrun (TORCHELASTIC_USE_AGENT_STORE=True): the launcher already hosts
   // the store at master_addr:master_port, so rank 0 connects to it as a client.
   bool agent_store = false;
+  // The job this process belongs to (launcher_job_id()); rendezvous refuses a rank of another.
+  JobId job;
   // Which convention supplied rank and size: "torchrun", "slurm", "openmpi" or "explicit" (the
   // caller's URL or options; set by rendezvous(), never by parse_launch_env()).
   std::string source;
@@ -48,6 +63,13 @@ using EnvLookup = std::function<const char*(const char*)>;
 // Reads the first launcher convention present. Throws Error(InvalidArgument) when none is
 // present, or a value is missing or malformed ("RANK=4 is out of range for WORLD_SIZE=4").
 LaunchInfo parse_launch_env(const EnvLookup& lookup);
+
+// The job id in the environment: WEFT_JOB_ID when set (weftrun exports it; set it by hand to
+// tell hand-launched jobs apart), else the launcher's own, the convention named by `source`
+// ("torchrun", "slurm", "openmpi") tried first: TORCHELASTIC_RUN_ID; SLURM_JOB_ID (or
+// SLURM_JOBID) with SLURM_STEP_ID, so two steps of one allocation are two jobs;
+// OMPI_MCA_ess_base_jobid (Open MPI 4.x) or PMIX_NAMESPACE (5.x). Empty when none is set.
+JobId launcher_job_id(const EnvLookup& lookup, std::string_view source = "");
 
 // True when TORCHELASTIC_USE_AGENT_STORE says the launcher hosts the store ("True", as torchrun
 // and weftrun write it; "true" and "1" too).

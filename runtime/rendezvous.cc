@@ -109,6 +109,7 @@ LaunchInfo plan(const StoreUrl& url, const RendezvousOptions& options, const std
       info.master_port = tcp.port;
     }
     info.agent_store = agent_store_requested(process_env);
+    info.job = launcher_job_id(process_env);
   }
   check_rank(info, where);
   return info;
@@ -134,6 +135,16 @@ void join(Store& store, const LaunchInfo& info, Clock::time_point deadline, mill
   gethostname(host, sizeof(host) - 1);
   const std::string me = fmt::format("{}:{}", host, getpid());
 
+  // The first rank to arrive names the job; a rank of another job that reached this store (the
+  // same MASTER_PORT by mistake) is refused before it claims anything, whatever its rank.
+  const std::string job = info.job.text();
+  Bytes owner = store.compare_set(prefix + "job", Bytes{}, to_bytes(job));
+  if (to_string(owner) != job) {
+    throw_error(ErrorCode::InvalidArgument, where,
+                fmt::format("this process is of job {} but the store belongs to job {}: two jobs "
+                            "share one store address (give each its own MASTER_PORT)",
+                            job, to_string(owner)));
+  }
   Bytes claimed =
       store.compare_set(fmt::format("{}rank/{}", prefix, info.rank), Bytes{}, to_bytes(me));
   if (to_string(claimed) != me) {
@@ -168,6 +179,11 @@ void join(Store& store, const LaunchInfo& info, Clock::time_point deadline, mill
                             "raise WEFT_TIMEOUT if they are slow)",
                             seconds_text(timeout), arrived, info.world_size, missing));
   }
+}
+
+// Who serves a TCP store, for messages.
+const char* store_host(const LaunchInfo& info) {
+  return info.agent_store ? "the launcher" : "rank 0";
 }
 
 }  // namespace
@@ -216,14 +232,26 @@ Rendezvous rendezvous(const RendezvousOptions& options) {
     try {
       result.store = std::make_shared<TCPStore>(client_options);
     } catch (const Error& e) {
-      throw Error(e.code(),
-                  fmt::format("{}: cannot reach the store: {} (it is hosted by {}; did "
-                              "that start?)",
-                              where, e.what(), info.agent_store ? "the launcher" : "rank 0"));
+      // A host name that does not resolve, or a refused token, will not change by waiting: no
+      // "did that start?" for those.
+      if (e.code() == ErrorCode::InvalidArgument) {
+        throw Error(e.code(), fmt::format("{}: cannot reach the store: {}", where, e.what()));
+      }
+      throw Error(e.code(), fmt::format("{}: cannot reach the store: {} (it is hosted by {}; did "
+                                        "that start?)",
+                                        where, e.what(), store_host(info)));
     }
   }
   result.store->set_timeout(timeout);
-  join(*result.store, info, deadline, timeout, where);
+  try {
+    join(*result.store, info, deadline, timeout, where);
+  } catch (const Error& e) {
+    const bool lost = e.code() == ErrorCode::PeerLost || e.code() == ErrorCode::Io;
+    if (!lost || url.scheme == StoreUrl::Scheme::File) throw;
+    throw Error(e.code(), fmt::format("{}: lost the store during rendezvous (its host, {}, quit "
+                                      "or closed the connection): {}",
+                                      where, store_host(info), e.what()));
+  }
   WEFT_LOG_INFO("{}: all {} ranks joined", where, info.world_size);
   return result;
 }

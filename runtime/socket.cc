@@ -115,6 +115,13 @@ Socket connect_with_retry(const std::string& host, uint16_t port, Clock::time_po
     int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addrs.head);
     if (rc != 0) {
       last_error = fmt::format("cannot resolve \"{}\": {}", host, gai_strerror(rc));
+      // Only a temporary failure (EAI_AGAIN: no answer from the name server) or a system error is
+      // worth another try; "no such name" is the resolver's final word.
+      if (rc != EAI_AGAIN && rc != EAI_SYSTEM && rc != EAI_MEMORY) {
+        throw_error(ErrorCode::InvalidArgument, what,
+                    fmt::format("{}:{}: the host \"{}\" does not resolve ({})", host, port, host,
+                                gai_strerror(rc)));
+      }
     } else {
       for (addrinfo* a = addrs.head; a; a = a->ai_next) {
         Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));

@@ -35,7 +35,9 @@ class Socket {
 // Resolves host (name, IPv4 or IPv6 literal) and connects, retrying refused or unreachable
 // attempts with exponential backoff (10 ms doubling to 1 s, +-25% jitter) until deadline. The
 // socket returned is blocking, with TCP_NODELAY. Throws Error(Timeout) naming host:port and the
-// last errno text when the deadline passes; `what` starts the message ("store client").
+// last errno text when the deadline passes, and Error(InvalidArgument) at once when the host name
+// does not resolve (only a temporary resolver failure, EAI_AGAIN, is retried); `what` starts the
+// message ("store client").
 Socket connect_with_retry(const std::string& host, uint16_t port, Clock::time_point deadline,
                           std::string_view what);
 

@@ -26,7 +26,7 @@ constexpr int kUsageExit = 2;
 int main(int argc, char** argv) {
   using namespace weft::weftrun;
   // Before the store server's thread exists, so that it inherits the mask.
-  sigset_t child_mask = block_launcher_signals();
+  block_launcher_signals();
 
   Options options;
   try {
@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
       }
       port = server->port();
     }
-    Supervisor supervisor(options, port, child_mask);
+    Supervisor supervisor(options, port);
     return supervisor.run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weftrun: %s\n", e.what());

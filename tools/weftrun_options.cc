@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string_view>
 
@@ -50,7 +51,8 @@ std::string usage() {
 
 Starts --nproc-per-node copies of PROGRAM on this node with torchrun's environment (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-TORCHELASTIC_USE_AGENT_STORE=True) and, on node 0, hosts the job's TCP store itself.
+TORCHELASTIC_USE_AGENT_STORE=True) and WEFT_JOB_ID, and, on node 0, hosts the job's TCP store
+itself.
 When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and weftrun
 exits with the failed rank's exit code (128+N for signal N) and a summary on stderr.
 
@@ -64,6 +66,9 @@ options:
   --standalone           one node, store on 127.0.0.1 at a free port (ignores --master-*)
   --no-prefix            do not prefix output lines with "[RANK]: "
   --grace-period SECS    time between SIGTERM and SIGKILL when stopping ranks (default 5)
+  --rdzv-id ID           the job's id (WEFT_JOB_ID), the same on every node: ranks of another
+                         job are refused (default: random on one node; from --master-addr and
+                         --master-port across nodes)
   -h, --help             this text
 Flags also take --flag=VALUE, and underscores (--nproc_per_node) as torchrun does.
 docs/launching.md has the details.
@@ -126,6 +131,9 @@ Options parse_options(const std::vector<std::string>& args) {
       options.prefix = false;
     } else if (flag == "--grace-period") {
       options.grace_period = to_seconds(flag, take_value());
+    } else if (flag == "--rdzv-id") {
+      options.job_id = take_value();
+      if (options.job_id.empty()) bad("--rdzv-id needs an id");
     } else {
       bad(fmt::format("unknown option {}", arg));
     }
@@ -144,6 +152,13 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   if (static_cast<int64_t>(options.nnodes) * options.nproc_per_node > (1 << 24)) {
     bad("--nnodes x --nproc-per-node is larger than 16777216 ranks");
+  }
+  if (options.job_id.empty() && options.nnodes == 1) {
+    options.job_id = fmt::format("wr{:08x}{:08x}", std::random_device{}(), std::random_device{}());
+  } else if (options.job_id.empty()) {
+    // Every node's weftrun must agree without talking; two multi-node jobs given the same store
+    // address get the same id, as a launch by hand would (docs/launching.md).
+    options.job_id = fmt::format("wr-{}-{}", options.master_addr, options.master_port);
   }
   return options;
 }

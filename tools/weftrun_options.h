@@ -21,6 +21,11 @@ struct Options {
   // After the first failure (or a forwarded signal), how long the other ranks get between
   // SIGTERM and SIGKILL.
   std::chrono::milliseconds grace_period{5000};
+  // The job's id, exported to the ranks as WEFT_JOB_ID: rendezvous refuses a rank of another job,
+  // and names in /dev/shm carry it. --rdzv-id when given (the same on every node); else random
+  // on one node, and derived from --master-addr and --master-port across nodes, so that every
+  // node's weftrun computes the same one.
+  std::string job_id;
   bool help = false;
   // The program and its arguments.
   std::vector<std::string> command;

@@ -14,6 +14,9 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "runtime/shm_names.h"
 
 extern char** environ;
 
@@ -41,7 +44,11 @@ constexpr const char* kLaunchVariables[] = {"RANK",
                                             "MASTER_ADDR",
                                             "MASTER_PORT",
                                             "TORCHELASTIC_USE_AGENT_STORE",
-                                            "TORCHELASTIC_RESTART_COUNT"};
+                                            "TORCHELASTIC_RESTART_COUNT",
+                                            "WEFT_JOB_ID"};
+
+// What weftrun forwards to its ranks; they must not inherit these ignored or blocked.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 [[noreturn]] void fail(const std::string& what) {
   throw std::runtime_error(fmt::format("{}: {}", what, std::strerror(errno)));
@@ -73,18 +80,17 @@ bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0
 
 }  // namespace
 
-sigset_t block_launcher_signals() {
-  sigset_t blocked, previous;
+void block_launcher_signals() {
+  sigset_t blocked;
   sigemptyset(&blocked);
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&blocked, sig);
-  pthread_sigmask(SIG_BLOCK, &blocked, &previous);
+  pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
   // A closed stdout must not kill weftrun while its ranks run: writes fail with EPIPE instead.
   signal(SIGPIPE, SIG_IGN);
-  return previous;
 }
 
-Supervisor::Supervisor(const Options& options, uint16_t store_port, const sigset_t& child_mask)
-    : options_(options), store_port_(store_port), child_mask_(child_mask) {
+Supervisor::Supervisor(const Options& options, uint16_t store_port)
+    : options_(options), store_port_(store_port) {
   sigset_t handled;
   sigemptyset(&handled);
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
@@ -126,6 +132,7 @@ std::vector<std::string> Supervisor::child_environment(const Rank& rank) const {
   env.push_back(fmt::format("MASTER_PORT={}", store_port_));
   env.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
   env.push_back("TORCHELASTIC_RESTART_COUNT=0");
+  env.push_back(fmt::format("WEFT_JOB_ID={}", options_.job_id));
   return env;
 }
 
@@ -152,8 +159,13 @@ void Supervisor::spawn(Rank& rank) {
     if (getppid() != parent) _exit(128 + SIGKILL);
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
+    // Default actions and an empty mask: what weftrun inherited (SIGINT ignored under a
+    // script's `&`) must not make its ranks deaf to the signals it forwards.
     signal(SIGPIPE, SIG_DFL);
-    sigprocmask(SIG_SETMASK, &child_mask_, nullptr);
+    for (int sig : kForwardedSignals) signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     execvpe(argv[0], argv.data(), envp.data());
     int error = errno;
     write_fully(STDERR_FILENO, exec_failed);
@@ -220,6 +232,7 @@ void Supervisor::stop_all(int sig) {
     if (rank.exited) continue;
     ::kill(-rank.pid, sig);
     rank.stopped_by_us = true;
+    rank.stop_signal = sig;
   }
   if (!stopping_) {
     stopping_ = true;
@@ -310,11 +323,14 @@ int Supervisor::run() {
     if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) {
       killed_ = true;
       for (Rank& rank : ranks_) {
-        if (!rank.exited && rank.pid > 0) ::kill(-rank.pid, SIGKILL);
+        if (!rank.exited && rank.pid > 0) {
+          ::kill(-rank.pid, SIGKILL);
+          rank.stop_signal = SIGKILL;
+        }
       }
     }
   }
-  std::string text = summary();
+  std::string text = summary() + remove_orphans();
   if (!text.empty()) write_fully(STDERR_FILENO, text);
   return exit_code();
 }
@@ -355,9 +371,16 @@ std::string Supervisor::summary() const {
     if (rank.pid <= 0) {
       text += fmt::format("weftrun:   rank {}: not started\n", rank.rank);
     } else {
-      text += fmt::format(
-          "weftrun:   rank {} (pid {}) {}{}\n", rank.rank, rank.pid, status_text(rank.status),
-          rank.stopped_by_us && failed(rank.status) ? " after weftrun stopped it" : "");
+      // "after weftrun stopped it" only when it died of what weftrun sent: a rank that aborted or
+      // exited on its own meanwhile is reported as such.
+      std::string why;
+      if (rank.stopped_by_us && failed(rank.status)) {
+        why = WIFSIGNALED(rank.status) && WTERMSIG(rank.status) == rank.stop_signal
+                  ? " after weftrun stopped it"
+                  : fmt::format(" (weftrun had sent it {})", signal_text(rank.stop_signal));
+      }
+      text += fmt::format("weftrun:   rank {} (pid {}) {}{}\n", rank.rank, rank.pid,
+                          status_text(rank.status), why);
     }
   }
   if (first_failed_ >= 0) {
@@ -371,6 +394,14 @@ std::string Supervisor::summary() const {
     }
   }
   return text;
+}
+
+std::string Supervisor::remove_orphans() const {
+  std::vector<std::string> removed = remove_orphan_segments(shm_job_prefix(options_.job_id));
+  if (removed.empty()) return "";
+  return fmt::format("weftrun: removed {} shared-memory {} that stopped ranks left: {}\n",
+                     removed.size(), removed.size() == 1 ? "object" : "objects",
+                     fmt::join(removed, " "));
 }
 
 }  // namespace weft::weftrun

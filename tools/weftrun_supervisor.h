@@ -17,9 +17,8 @@ namespace weft::weftrun {
 
 // Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP (the supervisor reads them from a signalfd) and
 // ignores SIGPIPE. Call first in main, before any thread starts, so that every thread inherits
-// the mask and no signal is delivered to a thread that would not handle it. Returns the mask to
-// restore in children.
-sigset_t block_launcher_signals();
+// the mask and no signal is delivered to a thread that would not handle it.
+void block_launcher_signals();
 
 // The Supervisor runs one node's ranks: children in their own process groups, stdout and stderr
 // through pipes, each line relayed with a "[RANK]: " prefix (unless --no-prefix) and the last
@@ -28,7 +27,10 @@ sigset_t block_launcher_signals();
 //
 // On the first failure (non-zero exit or death by signal) every other rank's process group gets
 // SIGTERM, then SIGKILL once the grace period has passed. SIGINT, SIGTERM and SIGHUP sent to
-// weftrun are forwarded to every rank's group, with the same escalation.
+// weftrun are forwarded to every rank's group, with the same escalation. Ranks start with those
+// signals' default actions and nothing blocked, whatever weftrun inherited (a script's `&` leaves
+// SIGINT ignored), so a forwarded signal stops them. Once every rank has exited, the /dev/shm
+// objects its killed ranks left (named after the job: runtime/shm_names.h) are removed.
 //
 // Thread safety: single-threaded; run() once.
 class Supervisor {
@@ -36,8 +38,8 @@ class Supervisor {
   static constexpr size_t kTailLines = 20;
 
   // `store_port` is the port the ranks are told (MASTER_PORT): the hosted store's, possibly
-  // picked by the kernel. `child_mask` is restored in each child before exec.
-  Supervisor(const Options& options, uint16_t store_port, const sigset_t& child_mask);
+  // picked by the kernel.
+  Supervisor(const Options& options, uint16_t store_port);
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
@@ -57,6 +59,7 @@ class Supervisor {
     bool exited = false;
     int status = 0;  // from waitpid
     bool stopped_by_us = false;
+    int stop_signal = 0;  // the last signal weftrun sent it (SIGKILL once the grace period ended)
   };
 
   std::vector<std::string> child_environment(const Rank& rank) const;
@@ -70,11 +73,12 @@ class Supervisor {
   // True when no started rank is still running.
   bool all_exited() const;
   std::string summary() const;
+  // Removes the job's /dev/shm objects whose creators are gone; returns a line for the summary.
+  std::string remove_orphans() const;
   int exit_code() const;
 
   Options options_;
   uint16_t store_port_;
-  sigset_t child_mask_;
   int signal_fd_ = -1;
   std::vector<Rank> ranks_;
   int first_failed_ = -1;     // index into ranks_, -1 until a rank fails

@@ -21,8 +21,9 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
   mesh_options.key_prefix = options.key_prefix;
   mesh_options.timeout = options.timeout;
   mesh_options.group_name = options.group_name;
-  TcpMesh mesh = TcpMesh::connect(store, rank, size, mesh_options);
   const bool shm_on = options.shm.value_or(config().shm);
+  mesh_options.shm = shm_on;
+  TcpMesh mesh = TcpMesh::connect(store, rank, size, mesh_options);
   std::vector<bool> use_shm(size, false);
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;

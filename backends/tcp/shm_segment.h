@@ -14,8 +14,16 @@
 // never per collective.
 //
 // Names: POSIX shared-memory names are global to the host, so they must be unique per job: the
-// caller builds them from a per-job prefix (e.g. "/weft-<store key hash>-r0-r1"). A name is at
-// most 255 bytes, with no '/' but an optional leading one (added when missing).
+// caller builds them from shm_job_prefix() (runtime/shm_names.h), then its own part, ending
+// "-<creator pid>-r<rank>" (the shared-memory transport: "/weft-<job tag>-<group
+// id>-<pid>-r<rank>"). A name is at most 255 bytes, with no '/' but an optional leading one (added
+// when missing).
+//
+// Leaks. The window between create() and unlink() (segment set-up) is short, but a rank killed
+// in it (SIGINT, SIGTERM: no destructor runs) leaves its name in /dev/shm. Because names carry
+// the job and the creator's pid, whoever started the job can remove what its dead ranks left:
+// weftrun calls remove_orphan_segments() once its ranks have exited; after other launchers,
+// `rm /dev/shm/weft-<job tag>-*` does the same.
 //
 // Thread safety: a ShmSegment is a handle; its methods are not synchronised (one owner thread),
 // while the memory it maps is shared by design (the structures placed in it say how).

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -14,7 +15,9 @@
 
 #include "backends/tcp/shm_peer.h"
 #include "backends/tcp/shm_ring.h"
+#include "runtime/launch_env.h"
 #include "runtime/reduce.h"
+#include "runtime/shm_names.h"
 
 namespace weft::tcp {
 
@@ -125,8 +128,10 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
       config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us) : spin_budget_for(local);
 
   // 1. This rank's segment: doorbell, then one ring per sender, formatted before publishing.
+  // Named after the job, so that a launcher can remove what a rank killed during set-up leaves.
   const std::string name =
-      fmt::format("/weft-{:016x}-{}-r{}", options_.group_id, ::getpid(), rank_);
+      fmt::format("{}{:016x}-{}-r{}", shm_job_prefix(launcher_job_id(std::getenv).value),
+                  options_.group_id, ::getpid(), rank_);
   segment_ = ShmSegment::create(name, ring_offset(senders.size(), capacity));
   bell_ = Doorbell::create(segment_->data());
   // Oversubscribed (no spinning): yield the core to the rank we wait for before sleeping.

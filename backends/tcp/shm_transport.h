@@ -12,7 +12,8 @@
 //      (found by this rank's position in that peer's sender list) and the peer's doorbell;
 //   3. set "<key_prefix>/<peer>/opened/<rank>" for each peer; wait for every peer's key for this
 //      rank, then unlink the segment's name, so nothing is left in /dev/shm if the job dies.
-// Segment names are "/weft-<group id>-<creator pid>-r<rank>": unique on the host.
+// Segment names are "/weft-<job tag>-<group id>-<creator pid>-r<rank>" (shm_job_prefix()):
+// unique on the host, and removable by the job's launcher if the rank dies before step 3.
 //
 // Wire. A message is a 16-byte header {tag u64, bytes u64} then the payload, padded to a
 // multiple of 8 bytes. Both sides commit and consume multiples of 8 only, and the ring capacity

@@ -26,7 +26,7 @@ namespace {
 constexpr uint32_t kHandshakeMagic = 0x4d544657;  // "WFTM" read as little-endian bytes
 constexpr uint16_t kHandshakeVersion = 1;
 constexpr size_t kHandshakeBytes = 32;
-constexpr const char* kRecordVersion = "weft-tcp-v1";
+constexpr const char* kRecordVersion = "weft-tcp-v2";
 
 // The first bytes each side of a connection sends. Fixed little-endian layout:
 // magic u32, version u16, reserved u16, group id u64, from u32, to u32, size u32, reserved u32.
@@ -81,9 +81,14 @@ uint64_t fnv1a(std::string_view text) {
   return hash;
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
-  return fmt::format("{}", fmt::join(ranks, ", "));
+// "rank 3 <singular>" or "ranks 1, 3 <plural>".
+std::string ranks_that(const std::vector<int>& ranks, std::string_view singular,
+                       std::string_view plural) {
+  if (ranks.size() == 1) return fmt::format("rank {} {}", ranks.front(), singular);
+  return fmt::format("ranks {} {}", fmt::join(ranks, ", "), plural);
 }
+
+std::string shm_text(std::optional<bool> shm) { return shm ? (*shm ? "1" : "0") : "-"; }
 
 // The local address the kernel would use to reach `remote`: connect() on a UDP socket picks the
 // route and source address without sending anything.
@@ -117,34 +122,56 @@ std::string choose_host(const TcpMeshOptions& options) {
   return local.empty() ? "127.0.0.1" : local;
 }
 
-std::string encode_record(const std::string& host, uint16_t port, uint64_t nonce) {
-  return fmt::format("{}\n{}\n{}\n{}\n{:016x}\n", kRecordVersion, host, port,
-                     TcpMesh::host_fingerprint(), nonce);
+std::string encode_record(const std::string& host, uint16_t port, uint64_t nonce,
+                          std::optional<bool> shm) {
+  return fmt::format("{}\n{}\n{}\n{}\n{:016x}\nshm={}\n", kRecordVersion, host, port,
+                     TcpMesh::host_fingerprint(), nonce, shm_text(shm));
 }
 
 PeerRecord decode_record(const Bytes& bytes, int peer, uint64_t* nonce, const std::string& where) {
   std::istringstream in(to_string(bytes));
-  std::string version, host, port, fingerprint, nonce_text;
+  std::string version, host, port, fingerprint, nonce_text, shm;
   std::getline(in, version);
   std::getline(in, host);
   std::getline(in, port);
   std::getline(in, fingerprint);
   std::getline(in, nonce_text);
+  std::getline(in, shm);
   char* end = nullptr;
   unsigned long port_value = std::strtoul(port.c_str(), &end, 10);
   bool port_ok = !port.empty() && end && *end == '\0' && port_value > 0 && port_value < 65536;
-  if (version != kRecordVersion || host.empty() || !port_ok || nonce_text.size() != 16) {
+  const bool shm_ok = shm == "shm=0" || shm == "shm=1" || shm == "shm=-";
+  if (version != kRecordVersion || host.empty() || !port_ok || nonce_text.size() != 16 || !shm_ok) {
     throw_error(ErrorCode::InvalidArgument, where,
                 fmt::format("rank {}'s record in the store is not a {} record: \"{}\"", peer,
                             kRecordVersion, to_string(bytes)));
   }
   *nonce = std::strtoull(nonce_text.c_str(), nullptr, 16);
-  return PeerRecord{host, static_cast<uint16_t>(port_value), fingerprint};
+  std::optional<bool> peer_shm;
+  if (shm != "shm=-") peer_shm = shm == "shm=1";
+  return PeerRecord{host, static_cast<uint16_t>(port_value), fingerprint, peer_shm};
 }
 
 void set_blocking(int fd) {
   int flags = fcntl(fd, F_GETFL, 0);
   if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+}
+
+// Ranks on one host must agree on shared memory: one with it on would wait for the other's
+// shared-memory record until the timeout. Every rank sees the same records, so all fail together.
+void check_shm_agrees(const std::vector<PeerRecord>& records, int rank, const std::string& where) {
+  const PeerRecord& mine = records[rank];
+  for (size_t r = 0; r < records.size(); ++r) {
+    const PeerRecord& peer = records[r];
+    if (!mine.shm || !peer.shm || *peer.shm == *mine.shm || peer.fingerprint != mine.fingerprint) {
+      continue;
+    }
+    throw_error(ErrorCode::InvalidArgument, where,
+                fmt::format("ranks on one host disagree on shared memory: rank {} has WEFT_SHM={}, "
+                            "rank {} (this rank) has WEFT_SHM={} (set WEFT_SHM, or the backend's "
+                            "shm setting, the same on every rank)",
+                            r, shm_text(peer.shm), rank, shm_text(mine.shm)));
+  }
 }
 
 int poll_timeout_ms(net::Clock::time_point deadline) {
@@ -195,7 +222,7 @@ TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions&
 
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(fmt::format("{}/{}", options.key_prefix, r));
-  store.set(keys[rank], encode_record(host, port, nonce));
+  store.set(keys[rank], encode_record(host, port, nonce, options.shm));
 
   std::vector<Bytes> values;
   try {
@@ -207,14 +234,17 @@ TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions&
       if (!store.check({keys[r]})) missing.push_back(r);
     }
     throw_error(ErrorCode::Timeout, where,
-                fmt::format("ranks {} did not publish their address under \"{}/\" within {} ms",
-                            join_ranks(missing), options.key_prefix, timeout.count()));
+                fmt::format("{} under \"{}/\" within {} ms",
+                            ranks_that(missing, "did not publish its address",
+                                       "did not publish their addresses"),
+                            options.key_prefix, timeout.count()));
   }
   for (int r = 0; r < size; ++r) {
     uint64_t peer_nonce = 0;
     mesh.records_.push_back(decode_record(values[r], r, &peer_nonce, where));
     if (r == 0) nonce = peer_nonce;
   }
+  check_shm_agrees(mesh.records_, rank, where);
   mesh.group_id_ = fnv1a(options.key_prefix) ^ nonce ^ (static_cast<uint64_t>(size) << 48);
 
   auto handshake_to = [&](int peer) {
@@ -273,7 +303,8 @@ TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions&
     }
     if (rc == 0 && net::Clock::now() >= deadline) {
       throw_error(ErrorCode::Timeout, where,
-                  fmt::format("ranks {} did not connect within {} ms", join_ranks(missing_higher()),
+                  fmt::format("{} within {} ms",
+                              ranks_that(missing_higher(), "did not connect", "did not connect"),
                               timeout.count()));
     }
     if (rc <= 0) continue;
@@ -327,8 +358,10 @@ TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions&
       std::vector<int> missing;
       for (int r = peer; r < rank; ++r) missing.push_back(r);
       throw_error(ErrorCode::Timeout, where,
-                  fmt::format("ranks {} did not answer the handshake within {} ms",
-                              join_ranks(missing), timeout.count()));
+                  fmt::format("{} within {} ms",
+                              ranks_that(missing, "did not answer the handshake",
+                                         "did not answer the handshake"),
+                              timeout.count()));
     }
     std::string reason = check(decode(bytes.data()), [&](int from) { return from == peer; });
     if (!reason.empty()) {

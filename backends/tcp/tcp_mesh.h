@@ -4,9 +4,10 @@
 // Setup, for N ranks, costs each rank one store write and one batched read, whatever N:
 //   1. listen on an ephemeral port of the chosen interface;
 //   2. set "<prefix>/<rank>" to a record: "host:port", a host fingerprint (hostname + boot id,
-//      so the shared-memory transport can tell which peers share this machine) and, from rank 0
-//      only, a random group nonce;
-//   3. multi_get the N records (one request; the store waits until all exist);
+//      so the shared-memory transport can tell which peers share this machine), this rank's
+//      shared-memory setting and, from rank 0 only, a random group nonce;
+//   3. multi_get the N records (one request; the store waits until all exist); ranks on one
+//      host that disagree on shared memory fail here, naming each other and their settings;
 //   4. connect to every lower rank and send a handshake, then accept one connection from every
 //      higher rank and answer its handshake, then read the answers from the lower ranks. No rank
 //      waits on a peer before it has written everything it owes, so setup cannot deadlock.
@@ -20,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,10 @@ struct TcpMeshOptions {
   std::chrono::milliseconds timeout{0};
   // For error messages only: "rank 2/4 group "dp" tcp mesh: ...".
   std::string group_name = "world";
+  // This rank's shared-memory setting (WEFT_SHM, or the backend's shm setting), published so
+  // that two ranks on one host that disagree fail at setup, naming both, instead of one waiting
+  // for a shared-memory record the other never writes. Unset: not published, nothing checked.
+  std::optional<bool> shm;
 };
 
 // What a rank published about itself.
@@ -49,6 +55,7 @@ struct PeerRecord {
   std::string host;
   uint16_t port = 0;
   std::string fingerprint;  // "hostname/boot-id"; equal fingerprints mean one machine
+  std::optional<bool> shm;  // its TcpMeshOptions::shm
 };
 
 // A TcpMesh holds one connected, handshaken, blocking socket per peer, ready to be handed to a
@@ -60,7 +67,8 @@ class TcpMesh {
  public:
   // Runs the setup above. Collective: every rank of the group must call it with the same
   // size and key_prefix. Throws Error(Timeout) naming missing ranks, Error(Io) when it cannot
-  // listen, Error(InvalidArgument) for a bad rank/size or a malformed record in the store.
+  // listen, Error(InvalidArgument) for a bad rank/size, a malformed record in the store, or a
+  // rank on this host whose shared-memory setting differs from this rank's.
   static TcpMesh connect(Store& store, int rank, int size, const TcpMeshOptions& options = {});
 
   int rank() const { return rank_; }

@@ -21,7 +21,8 @@ struct Config {
   // WEFT_LOG=error|warn|info|debug|trace: what weft logs to stderr. Default warn.
   LogLevel log_level = LogLevel::Warn;
   // WEFT_TIMEOUT: default timeout of every blocking call (store waits, collectives), in seconds
-  // ("300", "2.5") or with a unit ("500ms", "30s", "5m"). Default 300 s, as c10d.
+  // ("300", "2.5") or with a unit ("500ms", "30s", "5m"). Default 300 s, as c10d; at least 1 s
+  // (a smaller value is refused naming the variable).
   std::chrono::milliseconds timeout{300'000};
   // WEFT_STORE_TOKEN: shared secret for the TCP store's HMAC authentication. Empty: off.
   std::string store_token;

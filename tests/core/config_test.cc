@@ -11,6 +11,7 @@
 #include <string>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "weft/error.h"
 
@@ -105,6 +106,18 @@ TEST_CASE("a malformed value raises InvalidArgument naming the variable and the 
   }
   CHECK(parse({{"WEFT_SPIN_US", "auto"}}).spin_us == -1);
   CHECK(parse({{"WEFT_SPIN_US", "0"}}).spin_us == 0);
+}
+
+TEST_CASE("WEFT_TIMEOUT below 1 s is refused naming the variable and the minimum",
+          "[core][config]") {
+  for (const char* small : {"0", "0.0001", "999ms", "0s"}) {
+    INFO(small);
+    std::string message = parse_error({{"WEFT_TIMEOUT", small}});
+    CHECK_THAT(message, Catch::Contains(fmt::format("WEFT_TIMEOUT=\"{}\"", small)) &&
+                            Catch::Contains("at least 1 s"));
+  }
+  CHECK(parse({{"WEFT_TIMEOUT", "1"}}).timeout == milliseconds(1000));
+  CHECK(parse({{"WEFT_TIMEOUT", "1000ms"}}).timeout == milliseconds(1000));
 }
 
 TEST_CASE("parse_duration reads seconds by default and ms, s, m and h units", "[core][config]") {

@@ -229,6 +229,27 @@ TEST_CASE("torchrun variables win over Slurm, and Slurm over Open MPI", "[launch
   CHECK_THAT(parse_error(without(all, "RANK")), Catch::Contains("RANK is not set"));
 }
 
+TEST_CASE("each launcher's job id is found, WEFT_JOB_ID first and the launcher's own next",
+          "[launch]") {
+  CHECK(parse(kTorchrun).job.empty());
+  CHECK(parse(kTorchrun).job.text() == "no job id");
+  CHECK(parse(with(kTorchrun, {{"TORCHELASTIC_RUN_ID", "r7"}})).job.text() ==
+        "TORCHELASTIC_RUN_ID=r7");
+  CHECK(parse(kSlurm).job.text() == "SLURM_JOB_ID=123456");
+  // Two steps of one allocation are two jobs.
+  CHECK(parse(with(kSlurm, {{"SLURM_STEP_ID", "2"}})).job.text() ==
+        "SLURM_JOB_ID.SLURM_STEP_ID=123456.2");
+  CHECK(parse(kOpenMpiLocal).job.text() == "OMPI_MCA_ess_base_jobid=3735814145");
+  CHECK(parse(with(without(kOpenMpiLocal, "OMPI_MCA_ess_base_jobid"),
+                   {{"PMIX_NAMESPACE", "prterun-h-1@1"}, {"MASTER_PORT", "1"}}))
+            .job.text() == "PMIX_NAMESPACE=prterun-h-1@1");
+  // weftrun's (or a hand launch's) WEFT_JOB_ID wins over any launcher's id.
+  CHECK(parse(with(kSlurm, {{"WEFT_JOB_ID", "mine"}})).job.text() == "WEFT_JOB_ID=mine");
+  // Under Slurm, torchrun's id tells two torchrun jobs of one allocation apart.
+  Env torchrun_in_slurm = with(kTorchrun, {{"TORCHELASTIC_RUN_ID", "r7"}, {"SLURM_JOB_ID", "9"}});
+  CHECK(parse(torchrun_in_slurm).job.text() == "TORCHELASTIC_RUN_ID=r7");
+}
+
 TEST_CASE("Slurm node lists expand ranges, keep zero padding and multiply bracket groups",
           "[launch]") {
   using V = std::vector<std::string>;

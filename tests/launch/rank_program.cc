@@ -7,10 +7,15 @@
 //   --hang                every rank that does not fail waits (for a key nobody sets) instead of
 //                         exiting, so the launcher has to stop it
 //   --ignore-sigterm      ignore SIGTERM, so the launcher has to escalate to SIGKILL
+//   --abort-on-sigterm    abort() on SIGTERM: a rank that dies of its own signal while stopped
+//   --shm-stall R         before printing, every rank but R starts shared-memory set-up with
+//                         every peer while R takes TCP only, so the others wait in set-up, their
+//                         segments created and not yet unlinked, until they are stopped
 // Otherwise every rank prints "rank R ok" and exits 0. A failed check exits 10.
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +23,8 @@
 
 #include "weft/error.h"
 #include "weft/rendezvous.h"
+
+#include "backends/tcp/routed_transport.h"
 
 namespace {
 
@@ -31,10 +38,12 @@ int env_int(const char* name) {
   std::exit(10);
 }
 
+void abort_now(int) { std::abort(); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int lines = 1, exit_rank = -1, exit_code = 0, kill_rank = -1;
+  int lines = 1, exit_rank = -1, exit_code = 0, kill_rank = -1, shm_stall = -1;
   bool hang = false;
   for (int i = 1; i < argc; ++i) {
     auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : -1; };
@@ -50,6 +59,10 @@ int main(int argc, char** argv) {
       hang = true;
     } else if (std::strcmp(argv[i], "--ignore-sigterm") == 0) {
       signal(SIGTERM, SIG_IGN);
+    } else if (std::strcmp(argv[i], "--abort-on-sigterm") == 0) {
+      signal(SIGTERM, abort_now);
+    } else if (std::strcmp(argv[i], "--shm-stall") == 0) {
+      shm_stall = next();
     } else {
       std::fprintf(stderr, "rank_program: unknown argument %s\n", argv[i]);
       return 2;
@@ -72,6 +85,16 @@ int main(int argc, char** argv) {
     store.wait({"program/go"});
 
     const int r = rdzv.rank;
+    std::unique_ptr<weft::tcp::RoutedTransport> transport;
+    if (shm_stall >= 0) {
+      // Breaks RoutedTransport's rule that every rank agrees on shm_between, on purpose: the
+      // others wait for rank shm_stall's shared-memory record, which never comes.
+      weft::tcp::RoutedTransport::Options options;
+      options.key_prefix = "program/transport";
+      options.timeout = std::chrono::seconds(60);
+      options.shm_between = [&](int, int) { return r != shm_stall; };
+      transport = weft::tcp::RoutedTransport::connect(store, r, rdzv.world_size, options);
+    }
     for (int i = 0; i < lines; ++i) std::printf("rank %d of %d: line %d\n", r, rdzv.world_size, i);
     std::fprintf(stderr, "rank %d: on stderr\n", r);
     std::fflush(stdout);

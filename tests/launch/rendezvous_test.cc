@@ -2,6 +2,7 @@
 // variables), torchrun's agent store, and the errors that name missing or duplicate ranks.
 #include "weft/rendezvous.h"
 
+#include <netdb.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -124,6 +125,9 @@ void clear_launcher_env() {
                            "MASTER_PORT",
                            "TORCHELASTIC_USE_AGENT_STORE",
                            "TORCHELASTIC_RESTART_COUNT",
+                           "TORCHELASTIC_RUN_ID",
+                           "WEFT_JOB_ID",
+                           "SLURM_STEP_ID",
                            "SLURM_PROCID",
                            "SLURM_NTASKS",
                            "SLURM_LOCALID",
@@ -334,6 +338,98 @@ TEST_CASE("two processes claiming one rank are refused naming the first claimant
       RANK_CHECK(message.find("rank 1 was already claimed by") != std::string::npos, "{}", message);
     }
   });
+}
+
+// Issue 21: a rank of job B, started by mistake on job A's store address while A's rank 1 is
+// still starting, took rank 1 and ran with A's rank 0. Now it is refused, claims nothing, and A's
+// real rank 1 joins.
+TEST_CASE("a rank of another job is refused naming both job ids, and the job's own rank joins",
+          "[launch][rendezvous][multiproc]") {
+  AgentProcess agent;
+  uint16_t port = agent.port();
+  test::run_ranks_ok(3, [port](int process) {
+    clear_launcher_env();
+    const int rank = process == 0 ? 0 : 1;
+    set_env("RANK", std::to_string(rank));
+    set_env("WORLD_SIZE", "2");
+    set_env("MASTER_ADDR", "127.0.0.1");
+    set_env("MASTER_PORT", std::to_string(port));
+    set_env("TORCHELASTIC_USE_AGENT_STORE", "True");
+    set_env("TORCHELASTIC_RUN_ID", process == 1 ? "job-b" : "job-a");
+    TCPStore client(client_options(port));
+    if (process == 1) {
+      client.wait({"weft/rendezvous/0/job"}, seconds(20));
+      std::string message =
+          error_of([] { rendezvous({.timeout = seconds(20)}); }, ErrorCode::InvalidArgument);
+      RANK_CHECK(message.find("this process is of job TORCHELASTIC_RUN_ID=job-b but the store "
+                              "belongs to job TORCHELASTIC_RUN_ID=job-a") != std::string::npos,
+                 "{}", message);
+      RANK_CHECK(!client.check({"weft/rendezvous/0/rank/1"}), "job b's rank claimed rank 1");
+      client.set("test/refused", "1");
+      return;
+    }
+    if (process == 2) client.wait({"test/refused"}, seconds(20));
+    Rendezvous rdzv = rendezvous({.timeout = seconds(20)});
+    check_identity(rdzv, rank, 2);
+    exchange(rdzv);
+  });
+}
+
+TEST_CASE("a rank whose store quits during rendezvous says so, naming the store",
+          "[launch][rendezvous][multiproc]") {
+  uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [port](int process) {
+    clear_launcher_env();
+    if (process == 0) {
+      // The store's host: serves until rank 1 of 2 has claimed its rank, then quits.
+      TcpStoreServerOptions options = loopback_server_options();
+      options.port = port;
+      TcpStoreServer server(options);
+      TCPStore client(client_options(port));
+      client.wait({"weft/rendezvous/0/rank/1"}, seconds(20));
+      return;
+    }
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    try {
+      rendezvous({.url = fmt::format("tcp://127.0.0.1:{}?rank=1&world_size=2", port),
+                  .timeout = seconds(20)});
+      RANK_CHECK(false, "rendezvous completed without rank 0");
+    } catch (const Error& e) {
+      std::string message = e.what();
+      RANK_CHECK(e.code() == ErrorCode::PeerLost || e.code() == ErrorCode::Io, "{}", message);
+      RANK_CHECK(message.find("lost the store during rendezvous (its host, the launcher, quit") !=
+                     std::string::npos,
+                 "{}", message);
+      RANK_CHECK(message.find(fmt::format("store 127.0.0.1:{})", port)) != std::string::npos, "{}",
+                 message);
+    }
+  });
+}
+
+TEST_CASE("a store host name that does not resolve fails at once, saying so",
+          "[launch][rendezvous]") {
+  clear_launcher_env();
+  // RFC 6761 keeps .invalid out of DNS; a resolver that cannot be reached answers EAI_AGAIN,
+  // which is rightly retried, so the check needs one that answers.
+  addrinfo* list = nullptr;
+  int rc = getaddrinfo("weft-test.invalid", "1", nullptr, &list);
+  if (list != nullptr) freeaddrinfo(list);
+  if (rc != EAI_NONAME) {
+    WARN("the resolver did not answer EAI_NONAME for weft-test.invalid (" << gai_strerror(rc)
+                                                                          << "): not checked");
+    return;
+  }
+  auto start = std::chrono::steady_clock::now();
+  try {
+    rendezvous(
+        {.url = "tcp://weft-test.invalid:29400?rank=1&world_size=2", .timeout = seconds(30)});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e.what(), Catch::Contains("the host \"weft-test.invalid\" does not resolve"));
+    CHECK_THAT(e.what(), !Catch::Contains("did that start?"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < seconds(10));
 }
 
 TEST_CASE("a rank that cannot reach the store fails with Timeout naming who should host it",

@@ -1,8 +1,12 @@
 // weftrun end to end: real ranks of tests/launch/rank_program under the real launcher.
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/inotify.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,7 +39,8 @@ std::string tool_path(const char* variable) {
 // parent-death signal) if a test leaves it running.
 class Weftrun {
  public:
-  explicit Weftrun(std::vector<std::string> args) {
+  // `ignored`: signals weftrun starts with ignored, as a script's `&` leaves SIGINT.
+  explicit Weftrun(std::vector<std::string> args, std::vector<int> ignored = {}) {
     args.insert(args.begin(), tool_path("WEFT_TEST_WEFTRUN"));
     int fds[2];
     REQUIRE(pipe2(fds, O_CLOEXEC) == 0);
@@ -47,6 +52,7 @@ class Weftrun {
     if (pid_ == 0) {
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
+      for (int sig : ignored) signal(sig, SIG_IGN);
       execv(argv[0], argv.data());
       _exit(126);
     }
@@ -116,6 +122,24 @@ class Weftrun {
 std::vector<std::string> program(std::vector<std::string> args) {
   args.insert(args.begin(), tool_path("WEFT_TEST_RANK_PROGRAM"));
   return args;
+}
+
+// How many names in /dev/shm start with `stem`.
+int shm_names(std::string_view stem) {
+  DIR* dir = opendir("/dev/shm");
+  REQUIRE(dir != nullptr);
+  int n = 0;
+  while (const dirent* entry = readdir(dir)) n += std::string_view(entry->d_name).starts_with(stem);
+  closedir(dir);
+  return n;
+}
+
+// Gives this process a /dev/shm of its own (a mount namespace with a fresh tmpfs there), so that
+// any weft-* name counts, whoever made it. False where that is not allowed (not root).
+bool private_dev_shm() {
+  return unshare(CLONE_NEWNS) == 0 &&
+         mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+         mount("tmpfs", "/dev/shm", "tmpfs", 0, "mode=1777") == 0;
 }
 
 std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -227,6 +251,100 @@ TEST_CASE("SIGTERM to weftrun is forwarded to every rank and weftrun exits 143",
                                                    "by signal 15 \\(SIGTERM\\) after weftrun",
                                                    r))));
   }
+}
+
+TEST_CASE("SIGINT reaches the ranks even when weftrun started with SIGINT ignored",
+          "[launch][weftrun][multiproc]") {
+  // As under `bash -c 'weftrun ... & wait'`: background jobs of a shell without job control
+  // start with SIGINT ignored, and exec keeps that.
+  auto start = Clock::now();
+  Weftrun run(concat({"--nproc-per-node", "2", "--standalone", "--grace-period", "20"},
+                     program({"--hang"})),
+              {SIGINT});
+  run.read_until("waiting\n", 2, std::chrono::seconds(30));
+  REQUIRE(kill(run.pid(), SIGINT) == 0);
+  int code = run.finish(std::chrono::seconds(40));
+  INFO(run.output());
+  CHECK(code == 128 + SIGINT);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(std::regex_search(run.output(),
+                            std::regex(fmt::format("weftrun:   rank {} \\(pid [0-9]+\\) was killed "
+                                                   "by signal 2 \\(SIGINT\\) after weftrun",
+                                                   r))));
+  }
+  CHECK(Clock::now() - start < std::chrono::seconds(20));  // not the grace period's SIGKILL
+}
+
+TEST_CASE("a rank that aborts after weftrun's SIGTERM is not said to be stopped by weftrun",
+          "[launch][weftrun][multiproc]") {
+  Weftrun run(
+      concat({"--nproc-per-node", "3", "--standalone"},
+             program({"--exit-rank", "2", "--exit-code", "3", "--hang", "--abort-on-sigterm"})));
+  int code = run.finish();
+  const std::string& out = run.output();
+  INFO(out);
+  CHECK(code == 3);
+  for (int r : {0, 1}) {
+    CHECK(std::regex_search(
+        out, std::regex(fmt::format("weftrun:   rank {} \\(pid [0-9]+\\) was killed by signal 6 "
+                                    "\\(SIGABRT\\) \\(weftrun had sent it signal 15 "
+                                    "\\(SIGTERM\\)\\)\n",
+                                    r))));
+  }
+  CHECK_THAT(out, !Catch::Contains("after weftrun stopped it"));
+}
+
+TEST_CASE("weftrun gives its ranks one WEFT_JOB_ID, --rdzv-id's when given, a new one otherwise",
+          "[launch][weftrun][multiproc]") {
+  Weftrun named({"--nproc-per-node", "2", "--standalone", "--rdzv-id", "job42", "/bin/sh", "-c",
+                 "echo id=$WEFT_JOB_ID"});
+  CHECK(named.finish() == 0);
+  CHECK_THAT(named.output(),
+             Catch::Contains("[0]: id=job42\n") && Catch::Contains("[1]: id=job42\n"));
+
+  std::string ids[2];
+  for (std::string& id : ids) {
+    Weftrun run({"--nproc-per-node", "2", "--standalone", "/bin/sh", "-c", "echo id=$WEFT_JOB_ID"});
+    REQUIRE(run.finish() == 0);
+    std::smatch m;
+    const std::string& out = run.output();
+    REQUIRE(std::regex_search(out, m, std::regex("\\[0\\]: id=(wr[0-9a-f]+)\n")));
+    id = m[1];
+    CHECK_THAT(out, Catch::Contains(fmt::format("[1]: id={}\n", id)));
+  }
+  CHECK(ids[0] != ids[1]);
+}
+
+TEST_CASE("20 jobs interrupted in shared-memory set-up leave no segment in /dev/shm",
+          "[launch][weftrun][multiproc]") {
+  const bool isolated = private_dev_shm();
+  if (!isolated) WARN("no private /dev/shm (needs root): counting only this test's job names");
+  int watch = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  REQUIRE(watch >= 0);
+  REQUIRE(inotify_add_watch(watch, "/dev/shm", IN_CREATE) >= 0);
+  const int signals[] = {SIGINT, SIGTERM, SIGHUP};
+  for (int job = 0; job < 20; ++job) {
+    const int sig = signals[job % 3];
+    const std::string id = fmt::format("shmtest{}x{}", getpid(), job);
+    const std::string stem = isolated ? "weft-" : fmt::format("weft-{}-", id);
+    INFO("job " << job << ", signal " << sig);
+    Weftrun run(concat({"--nproc-per-node", "4", "--standalone", "--rdzv-id", id},
+                       program({"--shm-stall", "3", "--hang"})));
+    // Ranks 0, 1 and 2 create their segments, then wait for rank 3's, which never comes.
+    auto end = Clock::now() + std::chrono::seconds(30);
+    while (shm_names(stem) < 3) {
+      REQUIRE(Clock::now() < end);
+      pollfd p{watch, POLLIN, 0};
+      poll(&p, 1, 100);
+      char events[4096];
+      while (read(watch, events, sizeof(events)) > 0) {
+      }
+    }
+    REQUIRE(kill(run.pid(), sig) == 0);
+    CHECK(run.finish() == 128 + sig);
+    CHECK(shm_names(stem) == 0);
+  }
+  close(watch);
 }
 
 TEST_CASE("weftrun on node 1 sets the multi-node variables and does not host the store",

@@ -10,6 +10,7 @@
 
 #include "weft/error.h"
 
+#include "backends/tcp/routed_transport.h"
 #include "tests/tcp_backend/tcp_test_support.h"
 
 namespace weft::tcp::test {
@@ -120,7 +121,9 @@ TEST_CASE("tcp mesh setup times out naming the ranks that never published an add
       RANK_CHECK(false, "connect returned without ranks 2 and 3");
     } catch (const Error& e) {
       RANK_CHECK(e.code() == ErrorCode::Timeout, "{}", e.what());
-      RANK_CHECK(std::string(e.what()).find("ranks 2, 3 ") != std::string::npos, "{}", e.what());
+      RANK_CHECK(std::string(e.what()).find("ranks 2, 3 did not publish their addresses") !=
+                     std::string::npos,
+                 "{}", e.what());
     }
     RANK_CHECK(Clock::now() - start < 5s);
   });
@@ -136,7 +139,7 @@ TEST_CASE("tcp mesh setup times out naming the rank that published but never con
     if (rank == 2) {
       uint16_t port = 0;
       net::Socket listener = net::listen_on("127.0.0.1", 0, &port);
-      store.set("silent/2", fmt::format("weft-tcp-v1\n127.0.0.1\n{}\n{}\n{:016x}\n", port,
+      store.set("silent/2", fmt::format("weft-tcp-v2\n127.0.0.1\n{}\n{}\n{:016x}\nshm=-\n", port,
                                         TcpMesh::host_fingerprint(), 0));
       store.wait({"done/0", "done/1"}, 20s);
       return;
@@ -149,10 +152,51 @@ TEST_CASE("tcp mesh setup times out naming the rank that published but never con
       RANK_CHECK(false, "connect returned without rank 2");
     } catch (const Error& e) {
       RANK_CHECK(e.code() == ErrorCode::Timeout, "{}", e.what());
-      RANK_CHECK(std::string(e.what()).find("ranks 2 did not") != std::string::npos, "{}",
-                 e.what());
+      RANK_CHECK(std::string(e.what()).find("rank 2 did not connect within") != std::string::npos,
+                 "{}", e.what());
     }
     store.set(fmt::format("done/{}", rank), "1");
+  });
+}
+
+TEST_CASE("tcp mesh setup names the one rank that never published its address",
+          "[tcp][multiproc]") {
+  TempDir dir;
+  FileStore store(dir.file("store"), 1);
+  TcpMeshOptions options;
+  options.key_prefix = "alone";
+  options.timeout = 300ms;
+  try {
+    TcpMesh::connect(store, 0, 2, options);
+    FAIL("connect returned without rank 1");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Timeout);
+    CHECK_THAT(e.what(), Catch::Contains("rank 1 did not publish its address under"));
+  }
+}
+
+TEST_CASE("ranks on one host with different WEFT_SHM fail at setup naming both settings",
+          "[tcp][multiproc]") {
+  TempDir dir;
+  run_ranks_ok(2, [&](int rank) {
+    FileStore store(dir.file("store"), 2);
+    RoutedTransport::Options options;
+    options.key_prefix = "shm-mismatch";
+    options.timeout = 20s;
+    options.shm = rank == 0;
+    auto start = Clock::now();
+    try {
+      RoutedTransport::connect(store, rank, 2, options);
+      RANK_CHECK(false, "connect accepted a shared-memory mismatch");
+    } catch (const Error& e) {
+      RANK_CHECK(e.code() == ErrorCode::InvalidArgument, "{}", e.what());
+      const int peer = 1 - rank;
+      const std::string expected =
+          fmt::format("rank {} has WEFT_SHM={}, rank {} (this rank) has WEFT_SHM={}", peer,
+                      peer == 0 ? 1 : 0, rank, rank == 0 ? 1 : 0);
+      RANK_CHECK(std::string(e.what()).find(expected) != std::string::npos, "{}", e.what());
+    }
+    RANK_CHECK(Clock::now() - start < 10s, "took the timeout");
   });
 }
 
