@@ -402,6 +402,12 @@ TEST_CASE("abort from another thread mid all_reduce fails pending and queued Wor
             const Outcome& o = got[i];
             RANK_CHECK(o.completed, "Work {} still hangs 30 s after the abort: {}", i,
                        o.describe());
+            if (rank == kAborter && i == 0 && !o.failed) {
+              // The running all_reduce finished between still_pending_after() and abort() taking
+              // hold (its last step needs nothing from the other ranks once it has their data):
+              // complete and correct. The queued Works cannot have started and must fail.
+              continue;
+            }
             if (rank == kAborter) {
               RANK_CHECK(o.failed && o.code == ErrorCode::Aborted,
                          "Work {}: expected Aborted, got {}", i, o.describe());
