@@ -15,6 +15,7 @@
 #include "weft/prefix_store.h"
 #include "weft/rendezvous.h"
 
+#include "collectives/tag.h"
 #include "runtime/buffer_pool.h"
 #include "runtime/log.h"
 #include "runtime/reduce.h"
@@ -23,11 +24,10 @@ namespace weft {
 
 namespace {
 
-// Internal collectives (debug fingerprints, split's color exchange) use sequence numbers with
-// this bit set, so that their messages never match a user collective's.
-constexpr uint64_t kInternalSeqBit = uint64_t{1} << 38;
-// User tags of send/recv must leave the backend's reserved high bit alone.
-constexpr uint64_t kMaxTag = (uint64_t{1} << 62) - 1;
+// Internal collectives (debug fingerprints, split's color exchange) set kInternalSeqBit in
+// their sequence numbers; user tags of send/recv stay at or below kMaxUserTag (tag.h has both).
+using collectives::kInternalSeqBit;
+constexpr uint64_t kMaxTag = collectives::kMaxUserTag;
 
 // What every group of one world shares: the store (and its server, on the rank that hosts it).
 struct World {

@@ -18,13 +18,14 @@
 
 namespace weft::tcp {
 
+using backends::InState;
+using backends::MessageMatcher;
+using backends::OpKind;
+using backends::Unexpected;
+using backends::WireHeader;
 using collectives::Clock;
 using collectives::Tag;
-using detail::InState;
-using detail::OpKind;
-using detail::tag_text;
-using detail::Unexpected;
-using detail::WireHeader;
+using collectives::tag_text;
 
 namespace {
 
@@ -33,9 +34,9 @@ constexpr size_t kHeaderBytes = sizeof(WireHeader);
 // Single copy. A header whose bytes field has this bit carries, instead of the payload, the
 // descriptor {address in the sender, sender's request id} (16 bytes); the receiver reads the
 // bytes with process_vm_readv() and answers with an ack: a message with kAckTag whose 8-byte
-// payload is the request id. No collective or send/recv tag is all ones.
+// payload is the request id (tag.h keeps kTransportControlTag clear of every other tag).
 constexpr uint64_t kSingleCopyBit = uint64_t{1} << 63;
-constexpr Tag kAckTag = ~Tag{0};
+constexpr Tag kAckTag = collectives::kTransportControlTag;
 constexpr size_t kDescriptorBytes = 16;
 constexpr size_t kAckBytes = 8;
 // A word each rank publishes the address of, for its peers to test that they can read its memory.
@@ -71,25 +72,25 @@ size_t page_align(size_t n) { return (n + 4095) / 4096 * 4096; }
 size_t ring_offset(size_t index, size_t capacity) {
   return page_align(Doorbell::kFootprint) + index * page_align(ShmRing::footprint(capacity));
 }
-size_t unexpected_charge(uint64_t bytes) { return detail::BufferPool::capacity_for(bytes) + 64; }
 
-const char* shm_op_name(OpKind kind) {
-  switch (kind) {
-    case OpKind::Send:
-      return "shm send";
-    case OpKind::Recv:
-      return "shm recv";
-    case OpKind::RecvReduce:
-      return "shm recv_reduce";
-  }
-  return "shm";
+MessageMatcher::Options matcher_options(const ShmTransport::Options& options) {
+  MessageMatcher::Options matcher;
+  matcher.transport = "shm";
+  matcher.group_name = options.group_name;
+  matcher.unexpected_limit = options.unexpected_limit;
+  // The ring cannot push a sender back past what it holds: see "Matching" in shm_transport.h.
+  matcher.admit_oversized_alone = true;
+  return matcher;
 }
 
 }  // namespace
 
 ShmTransport::ShmTransport(Store& store, int rank, int size, std::vector<net::Socket> control,
                            Options options)
-    : rank_(rank), size_(size), options_(std::move(options)), pool_(options_.unexpected_limit) {
+    : rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      matcher_(rank, size, matcher_options(options_)) {
   if (size < 1 || rank < 0 || rank >= size || control.size() != static_cast<size_t>(size)) {
     throw error(ErrorCode::InvalidArgument, "shm transport",
                 fmt::format("needs 0 <= rank < size and one control slot per rank ({} given)",
@@ -203,15 +204,6 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   segment_->unlink();
 }
 
-Error ShmTransport::error(ErrorCode code, const char* op, const std::string& detail) const {
-  ErrorContext context;
-  context.rank = rank_;
-  context.size = size_;
-  context.group = options_.group_name;
-  context.op = op;
-  return Error(code, context, detail);
-}
-
 bool ShmTransport::serves(int peer) const {
   return peer >= 0 && peer < size_ && peers_[peer] != nullptr;
 }
@@ -227,28 +219,18 @@ collectives::Link ShmTransport::link(int peer) const {
 
 ShmTransport::Op& ShmTransport::post(int peer, OpKind kind, Tag tag, size_t bytes) {
   if (peer == rank_ || !serves(peer)) {
-    throw error(ErrorCode::InvalidArgument, shm_op_name(kind),
+    throw error(ErrorCode::InvalidArgument, matcher_.op_name(kind),
                 fmt::format("peer {} is not another rank with shared memory here", peer));
   }
   if (bytes > kMaxMessageBytes) {
-    throw error(ErrorCode::InvalidArgument, shm_op_name(kind),
+    throw error(ErrorCode::InvalidArgument, matcher_.op_name(kind),
                 fmt::format("{} bytes is more than one message may carry", bytes));
   }
   handle_abort();
-  auto owned = std::make_unique<Op>();
-  Op& op = *owned;
-  op.id = next_id_++;
-  op.peer = peer;
-  op.kind = kind;
-  op.tag = tag;
-  op.bytes = bytes;
-  ops_.emplace(op.id, std::move(owned));
-  if (abort_handled_) {
-    std::lock_guard<std::mutex> lock(abort_mutex_);
-    fail(op, error(ErrorCode::Aborted, shm_op_name(kind), abort_reason_));
-  } else if (kind == OpKind::Send && peers_[peer]->lost) {
-    fail(op, error(ErrorCode::PeerLost, shm_op_name(kind),
-                   fmt::format("rank {} {}", peer, peers_[peer]->lost_reason)));
+  Op& op = matcher_.post(peer, kind, tag, bytes);
+  if (!op.finished && kind == OpKind::Send && peers_[peer]->lost) {
+    matcher_.fail(op, error(ErrorCode::PeerLost, matcher_.op_name(kind),
+                            fmt::format("rank {} {}", peer, peers_[peer]->lost_reason)));
   }
   return op;
 }
@@ -297,95 +279,10 @@ collectives::Request ShmTransport::recv_reduce(int peer, void* dst, size_t count
 }
 
 void ShmTransport::match_posted_recv(Peer& peer, Op& op) {
-  for (auto it = peer.unexpected.begin(); it != peer.unexpected.end(); ++it) {
-    if (it->tag != op.tag) continue;
-    const bool arriving = peer.in_unexpected == &*it;
-    if (it->size != op.bytes) {
-      fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
-                     fmt::format("rank {} sent {} bytes with {} but the receive is of {}",
-                                 peer.rank, it->size, tag_text(op.tag), op.bytes)));
-    } else if (it->single_copy) {
-      read_single_copy(peer, op, it->address);
-    } else {
-      deliver(op, reinterpret_cast<const std::byte*>(it->buffer.data.get()), it->got);
-      if (arriving) {
-        peer.in_op = &op;  // the rest streams straight into the receive
-      } else {
-        complete(op);
-      }
-    }
-    if (arriving) peer.in_unexpected = nullptr;          // on a mismatch: the rest is discarded
-    if (it->single_copy) send_ack(peer, it->sender_op);  // the sender may reuse its buffer now
-    peer.unexpected_bytes -= it->charge;
-    if (it->buffer.data) pool_.release(std::move(it->buffer));
-    peer.unexpected.erase(it);
-    return;
-  }
-  if (peer.in_state == InState::Paused && peer.in_header.tag == op.tag) {
-    peer.recvs.push_front(&op);  // the paused message is the first with this tag: it is op's
-    start_payload(peer);
-    return;
-  }
-  if (peer.lost) {
-    fail(op, error(ErrorCode::PeerLost, shm_op_name(op.kind),
-                   fmt::format("rank {} {}", peer.rank, peer.lost_reason)));
-    return;
-  }
-  peer.recvs.push_back(&op);
-}
-
-bool ShmTransport::start_payload(Peer& peer) {
-  const WireHeader& header = peer.in_header;
-  peer.in_left = header.bytes;
-  peer.in_op = nullptr;
-  peer.in_unexpected = nullptr;
-  auto it = std::find_if(peer.recvs.begin(), peer.recvs.end(),
-                         [&](Op* op) { return op->tag == header.tag; });
-  if (it != peer.recvs.end()) {
-    Op& op = **it;
-    peer.recvs.erase(it);
-    if (op.bytes != header.bytes) {
-      fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
-                     fmt::format("rank {} sent {} bytes with {} but the receive is of {}",
-                                 peer.rank, header.bytes, tag_text(header.tag), op.bytes)));
-    } else {
-      peer.in_op = &op;
-    }
-  } else {
-    const size_t charge = unexpected_charge(header.bytes);
-    if (peer.unexpected_bytes + charge > options_.unexpected_limit && !peer.lost &&
-        !peer.unexpected.empty()) {
-      peer.in_state = InState::Paused;
-      return false;
-    }
-    Unexpected& message = peer.unexpected.emplace_back();
-    message.tag = header.tag;
-    message.size = header.bytes;
-    message.charge = charge;
-    message.buffer = pool_.acquire(header.bytes);
-    peer.unexpected_bytes += charge;
-    peer.in_unexpected = &message;
-  }
-  peer.in_state = InState::Payload;
-  if (peer.in_left == 0) finish_message(peer);
-  return true;
-}
-
-void ShmTransport::deliver(Op& op, const std::byte* src, size_t n) {
-  if (n == 0) return;
-  if (op.kind == OpKind::Recv) {
-    std::memcpy(op.dst + op.done, src, n);
-  } else {
-    reduce::accumulate(op.dst + op.done, src, n / op.element, op.dtype, op.reduce_op);
-  }
-  op.done += n;
-}
-
-void ShmTransport::finish_message(Peer& peer) {
-  if (peer.in_op != nullptr) complete(*peer.in_op);
-  peer.in_op = nullptr;
-  peer.in_unexpected = nullptr;  // stays in peer.unexpected, complete (got == size)
-  peer.in_state = InState::Header;
+  auto single_copy = matcher_.match_posted_recv(peer, op);
+  if (!single_copy) return;
+  if (!op.finished) read_single_copy(peer, op, single_copy->address);
+  send_ack(peer, single_copy->sender_op);  // the sender may reuse its buffer now
 }
 
 bool ShmTransport::pump_writes(Peer& peer) {
@@ -418,11 +315,7 @@ bool ShmTransport::pump_writes(Peer& peer) {
     }
     if (op.done < op.bytes) break;
     peer.sends.pop_front();
-    if (op.id == 0) {  // an orphan (or an ack): withdrawn after a timeout, now fully written
-      std::erase_if(peer.orphans, [&](const std::unique_ptr<Op>& o) { return o.get() == &op; });
-    } else {
-      complete(op);
-    }
+    matcher_.sent(peer, op);  // an orphan or an ack (id 0) is dropped
   }
   if (moved) peer.bell->ring();
   return moved;
@@ -446,7 +339,7 @@ bool ShmTransport::pump_reads(Peer& peer) {
         peer.in_state = InState::Control;
         continue;
       }
-      if (!start_payload(peer)) break;
+      if (!matcher_.start_payload(peer)) break;
       continue;
     }
     if (peer.in_state == InState::Control) {
@@ -459,14 +352,14 @@ bool ShmTransport::pump_reads(Peer& peer) {
       continue;
     }
     if (peer.in_state == InState::Paused) {
-      if (!start_payload(peer)) break;  // still over the limit
+      if (!matcher_.start_payload(peer)) break;  // still over the limit
       continue;
     }
     std::span<const std::byte> span = peer.in->readable();
     if (span.empty()) break;
     const size_t n = std::min(span.size(), peer.in_left);
     if (peer.in_op != nullptr) {
-      deliver(*peer.in_op, span.data(), n);
+      MessageMatcher::deliver(*peer.in_op, reinterpret_cast<const uint8_t*>(span.data()), n);
     } else if (peer.in_unexpected != nullptr) {
       Unexpected& message = *peer.in_unexpected;
       std::memcpy(message.buffer.data.get() + message.got, span.data(), n);
@@ -475,7 +368,7 @@ bool ShmTransport::pump_reads(Peer& peer) {
     peer.in->consume(round8(n));
     peer.in_left -= n;
     moved = true;
-    if (peer.in_left == 0) finish_message(peer);
+    if (peer.in_left == 0) matcher_.finish_message(peer);
   }
   if (moved) peer.bell->ring();
   return moved;
@@ -492,7 +385,7 @@ bool ShmTransport::progress() {
 }
 
 bool ShmTransport::has_news() {
-  if (aborted_.load(std::memory_order_relaxed)) return true;
+  if (matcher_.aborted()) return true;
   for (auto& peer : peers_) {
     if (!peer || peer->lost) continue;
     if (!peer->sends.empty()) {
@@ -511,35 +404,12 @@ bool ShmTransport::has_news() {
 }
 
 void ShmTransport::wait(collectives::Request request, Clock::time_point deadline) {
-  auto it = ops_.find(request.id);
-  if (it == ops_.end()) {
-    throw error(
-        ErrorCode::InvalidArgument, "shm wait",
-        fmt::format("request {} is not pending (never posted, or already waited for)", request.id));
-  }
-  Op& op = *it->second;
+  Op& op = matcher_.pending(request, "shm wait");
   for (;;) {
     handle_abort();
     if (!op.finished) progress();
     if (!op.finished) check_peers(false);
-    if (op.finished) {
-      std::unique_ptr<Op> done = std::move(it->second);
-      ops_.erase(it);
-      if (done->error) throw *done->error;
-      return;
-    }
-    if (Clock::now() >= deadline) {
-      std::string detail =
-          op.kind == OpKind::Send
-              ? fmt::format("send to rank {} ({}) still has {} of {} bytes to write", op.peer,
-                            tag_text(op.tag), op.bytes - op.done, op.bytes)
-              : fmt::format("nothing complete from rank {} ({}): {} of {} bytes outstanding",
-                            op.peer, tag_text(op.tag), op.bytes - op.done, op.bytes);
-      Error timeout = error(ErrorCode::Timeout, shm_op_name(op.kind), detail);
-      withdraw(op);
-      ops_.erase(it);
-      throw timeout;
-    }
+    if (matcher_.settle(op, deadline, [&] { withdraw(op); })) return;
     // About to sleep: copy out what peers are waiting for us to read (see absorb_single_copy).
     if (absorb_single_copy()) continue;
     bell_->wait([&] { return op.finished || has_news(); }, deadline, spin_budget_,
@@ -548,15 +418,11 @@ void ShmTransport::wait(collectives::Request request, Clock::time_point deadline
 }
 
 bool ShmTransport::test(collectives::Request request) {
-  auto it = ops_.find(request.id);
-  if (it == ops_.end()) {
-    throw error(ErrorCode::InvalidArgument, "shm test",
-                fmt::format("request {} is not pending", request.id));
-  }
+  Op& op = matcher_.pending(request, "shm test");
   handle_abort();
-  if (!it->second->finished) progress();
-  if (!it->second->finished) check_peers(false);
-  return it->second->finished;
+  if (!op.finished) progress();
+  if (!op.finished) check_peers(false);
+  return op.finished;
 }
 
 void ShmTransport::idle(Clock::time_point until) {
@@ -577,19 +443,14 @@ void ShmTransport::handle_control(Peer& peer) {
     if (it == peer.awaiting_ack.end()) return;  // withdrawn after its descriptor went out
     Op& op = **it;
     peer.awaiting_ack.erase(it);
-    if (op.id == 0) {  // an orphan that held a copy of a withdrawn send's data
-      std::erase_if(peer.orphans, [&](const std::unique_ptr<Op>& o) { return o.get() == &op; });
-    } else {
-      complete(op);
-    }
+    matcher_.sent(peer, op);  // an orphan (id 0) held a copy of a withdrawn send's data
     return;
   }
   const uint64_t bytes = peer.in_header.bytes & ~kSingleCopyBit;
   const uint64_t address = peer.in_control[0];
   const uint64_t sender_op = peer.in_control[1];
-  auto it = std::find_if(peer.recvs.begin(), peer.recvs.end(),
-                         [&](Op* op) { return op->tag == peer.in_header.tag; });
-  if (it == peer.recvs.end()) {
+  Op* op = matcher_.take_posted_recv(peer, peer.in_header.tag, bytes);
+  if (op == nullptr) {
     // Unexpected: keep only the descriptor; the data waits in the sender's memory.
     Unexpected& message = peer.unexpected.emplace_back();
     message.tag = peer.in_header.tag;
@@ -602,15 +463,7 @@ void ShmTransport::handle_control(Peer& peer) {
     peer.unexpected_bytes += message.charge;
     return;
   }
-  Op& op = **it;
-  peer.recvs.erase(it);
-  if (op.bytes != bytes) {
-    fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
-                   fmt::format("rank {} sent {} bytes with {} but the receive is of {}", peer.rank,
-                               bytes, tag_text(op.tag), op.bytes)));
-  } else {
-    read_single_copy(peer, op, address);
-  }
+  if (!op->finished) read_single_copy(peer, *op, address);  // else: failed on its size
   send_ack(peer, sender_op);
 }
 
@@ -619,7 +472,7 @@ void ShmTransport::read_single_copy(Peer& peer, Op& op, uint64_t address) {
   if (op.kind == OpKind::Recv) {
     err = read_remote(peer.pid, op.dst, address, op.bytes);
   } else {
-    if (!staging_.data) staging_ = pool_.acquire(kSingleCopyPiece);
+    if (!staging_.data) staging_ = matcher_.pool().acquire(kSingleCopyPiece);
     const size_t piece = kSingleCopyPiece / op.element * op.element;
     for (size_t done = 0; done < op.bytes && err == 0; done += piece) {
       const size_t n = std::min(piece, op.bytes - done);
@@ -632,22 +485,23 @@ void ShmTransport::read_single_copy(Peer& peer, Op& op, uint64_t address) {
   }
   if (err == 0) {
     op.done = op.bytes;
-    complete(op);
+    matcher_.complete(op);
   } else if (err == ESRCH) {
-    fail(op,
-         error(ErrorCode::PeerLost, shm_op_name(op.kind),
-               fmt::format("rank {} is gone (process {} no longer exists)", peer.rank, peer.pid)));
+    matcher_.fail(op, error(ErrorCode::PeerLost, matcher_.op_name(op.kind),
+                            fmt::format("rank {} is gone (process {} no longer exists)", peer.rank,
+                                        peer.pid)));
   } else if (err == EFAULT) {
     // The sender gave the message up after waiting for it (its collective failed or it aborted)
     // and freed the memory: for this rank, the peer is gone from the exchange.
-    fail(op, error(ErrorCode::PeerLost, shm_op_name(op.kind),
-                   fmt::format("rank {} withdrew a {}-byte message before it was read (it failed "
-                               "or aborted)",
-                               peer.rank, op.bytes)));
+    matcher_.fail(
+        op, error(ErrorCode::PeerLost, matcher_.op_name(op.kind),
+                  fmt::format("rank {} withdrew a {}-byte message before it was read (it failed "
+                              "or aborted)",
+                              peer.rank, op.bytes)));
   } else {
-    fail(op, error(ErrorCode::Io, shm_op_name(op.kind),
-                   fmt::format("reading {} bytes from rank {} (process {}) failed: {}", op.bytes,
-                               peer.rank, peer.pid, std::strerror(err))));
+    matcher_.fail(op, error(ErrorCode::Io, matcher_.op_name(op.kind),
+                            fmt::format("reading {} bytes from rank {} (process {}) failed: {}",
+                                        op.bytes, peer.rank, peer.pid, std::strerror(err))));
   }
 }
 
@@ -657,14 +511,14 @@ bool ShmTransport::absorb_single_copy() {
     if (!peer || peer->lost) continue;
     for (Unexpected& message : peer->unexpected) {
       if (!message.single_copy) continue;
-      const size_t charge = unexpected_charge(message.size);
-      if (peer->unexpected_bytes - message.charge + charge > options_.unexpected_limit &&
+      const size_t charge = MessageMatcher::unexpected_charge(message.size);
+      if (peer->unexpected_bytes - message.charge + charge > matcher_.unexpected_limit() &&
           peer->unexpected.size() > 1) {
         continue;  // over the limit: the sender waits for the receive, as a paused ring would
       }
-      detail::Buffer buffer = pool_.acquire(message.size);
+      backends::PooledBuffer buffer = matcher_.pool().acquire(message.size);
       if (read_remote(peer->pid, buffer.data.get(), message.address, message.size) != 0) {
-        pool_.release(std::move(buffer));
+        matcher_.pool().release(std::move(buffer));
         continue;  // the receive, once posted, reads it again and reports the error
       }
       peer->unexpected_bytes += charge - message.charge;
@@ -690,13 +544,6 @@ void ShmTransport::send_ack(Peer& peer, uint64_t sender_op) {
   peer.sends.push_back(ack.get());
   peer.orphans.push_back(std::move(ack));
   pump_writes(peer);
-}
-
-void ShmTransport::complete(Op& op) { op.finished = true; }
-
-void ShmTransport::fail(Op& op, Error error) {
-  op.finished = true;
-  op.error = std::move(error);
 }
 
 }  // namespace weft::tcp
