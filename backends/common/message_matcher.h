@@ -69,6 +69,8 @@ class MessageMatcher {
 
   MessageMatcher(int rank, int size, Options options);
 
+  int rank() const { return rank_; }
+  int size() const { return size_; }
   // "rank 1/4 group "world" <op>: <detail>".
   Error error(ErrorCode code, const char* op, const std::string& detail) const;
   // "tcp send", "shm recv_reduce".

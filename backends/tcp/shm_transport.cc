@@ -87,18 +87,16 @@ MessageMatcher::Options matcher_options(const ShmTransport::Options& options) {
 
 ShmTransport::ShmTransport(Store& store, int rank, int size, std::vector<net::Socket> control,
                            Options options)
-    : rank_(rank),
-      size_(size),
-      options_(std::move(options)),
-      matcher_(rank, size, matcher_options(options_)) {
+    : options_(std::move(options)), matcher_(rank, size, matcher_options(options_)) {
   if (size < 1 || rank < 0 || rank >= size || control.size() != static_cast<size_t>(size)) {
-    throw error(ErrorCode::InvalidArgument, "shm transport",
-                fmt::format("needs 0 <= rank < size and one control slot per rank ({} given)",
-                            control.size()));
+    throw matcher_.error(
+        ErrorCode::InvalidArgument, "shm transport",
+        fmt::format("needs 0 <= rank < size and one control slot per rank ({} given)",
+                    control.size()));
   }
   const size_t ring = options_.ring_bytes;
   if (ring < kMinRingBytes || (ring & (ring - 1)) != 0) {
-    throw error(
+    throw matcher_.error(
         ErrorCode::InvalidArgument, "shm transport",
         fmt::format("ring_bytes must be a power of two >= {}, not {}", kMinRingBytes, ring));
   }
@@ -112,9 +110,9 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   const milliseconds timeout = options_.timeout.count() > 0 ? options_.timeout : config().timeout;
   const size_t capacity = options_.ring_bytes;
   std::vector<int> senders;
-  peers_.resize(size_);
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || !control[r].valid()) continue;
+  peers_.resize(matcher_.size());
+  for (int r = 0; r < matcher_.size(); ++r) {
+    if (r == matcher_.rank() || !control[r].valid()) continue;
     senders.push_back(r);
     peers_[r] = std::make_unique<Peer>();
     peers_[r]->rank = r;
@@ -127,7 +125,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
 
   // 1. This rank's segment: doorbell, then one ring per sender, formatted before publishing.
   const std::string name =
-      fmt::format("/weft-{:016x}-{}-r{}", options_.group_id, ::getpid(), rank_);
+      fmt::format("/weft-{:016x}-{}-r{}", options_.group_id, ::getpid(), matcher_.rank());
   segment_ = ShmSegment::create(name, ring_offset(senders.size(), capacity));
   bell_ = Doorbell::create(segment_->data());
   // Oversubscribed (no spinning): yield the core to the rank we wait for before sleeping.
@@ -141,7 +139,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   }
   if (senders.empty()) return;  // nobody to meet: the segment only holds an unused doorbell
   auto key = [&](int r) { return fmt::format("{}/{}", options_.key_prefix, r); };
-  store.set(key(rank_), Bytes(record.begin(), record.end()));
+  store.set(key(matcher_.rank()), Bytes(record.begin(), record.end()));
 
   // 2. Open every peer's segment and attach the ring towards it.
   std::vector<std::string> keys;
@@ -161,19 +159,22 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     for (std::string item; std::getline(items, item, ',');) {
       int sender = -1;
       auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), sender);
-      if (ec != std::errc() || end != item.data() + item.size() || sender < 0 || sender >= size_) {
-        throw error(ErrorCode::Protocol, "shm transport",
-                    fmt::format("rank {}'s record \"{}\" in the store is malformed", peer.rank,
-                                std::string(records[i].begin(), records[i].end())));
+      if (ec != std::errc() || end != item.data() + item.size() || sender < 0 ||
+          sender >= matcher_.size()) {
+        throw matcher_.error(
+            ErrorCode::Protocol, "shm transport",
+            fmt::format("rank {}'s record \"{}\" in the store is malformed", peer.rank,
+                        std::string(records[i].begin(), records[i].end())));
       }
       peer_senders.push_back(sender);
     }
-    auto me = std::find(peer_senders.begin(), peer_senders.end(), rank_);
+    auto me = std::find(peer_senders.begin(), peer_senders.end(), matcher_.rank());
     if (peer_capacity != capacity || me == peer_senders.end()) {
-      throw error(ErrorCode::InvalidArgument, "shm transport",
-                  fmt::format("rank {} publishes rings of {} bytes from ranks [{}]; this rank "
-                              "uses {} and expects to be among them (asymmetric routing?)",
-                              peer.rank, peer_capacity, list, capacity));
+      throw matcher_.error(
+          ErrorCode::InvalidArgument, "shm transport",
+          fmt::format("rank {} publishes rings of {} bytes from ranks [{}]; this rank "
+                      "uses {} and expects to be among them (asymmetric routing?)",
+                      peer.rank, peer_capacity, list, capacity));
     }
     peer.segment = ShmSegment::open(peer_name, ring_offset(peer_senders.size(), capacity));
     peer.bell = Doorbell::attach(peer.segment->data());
@@ -191,12 +192,12 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
       readable = read_remote(peers_[senders[i]]->pid, &word, probes[i], sizeof(word)) == 0 &&
                  word == kProbeWord;
     }
-    store.set(fmt::format("{}/{}/opened/{}", options_.key_prefix, senders[i], rank_),
+    store.set(fmt::format("{}/{}/opened/{}", options_.key_prefix, senders[i], matcher_.rank()),
               Bytes{1, readable});
   }
   std::vector<std::string> acks;
   for (int s : senders)
-    acks.push_back(fmt::format("{}/{}/opened/{}", options_.key_prefix, rank_, s));
+    acks.push_back(fmt::format("{}/{}/opened/{}", options_.key_prefix, matcher_.rank(), s));
   std::vector<Bytes> acked = store.multi_get(acks, timeout);
   for (size_t i = 0; i < senders.size(); ++i) {
     peers_[senders[i]]->single_copy = acked[i].size() == 2 && acked[i][1] == 1;
@@ -205,32 +206,32 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
 }
 
 bool ShmTransport::serves(int peer) const {
-  return peer >= 0 && peer < size_ && peers_[peer] != nullptr;
+  return peer >= 0 && peer < matcher_.size() && peers_[peer] != nullptr;
 }
 
 collectives::Link ShmTransport::link(int peer) const {
-  if (peer == rank_) return collectives::Link::Self;
+  if (peer == matcher_.rank()) return collectives::Link::Self;
   if (!serves(peer)) {
-    throw error(ErrorCode::InvalidArgument, "shm link",
-                fmt::format("rank {} is not a shared-memory peer here", peer));
+    throw matcher_.error(ErrorCode::InvalidArgument, "shm link",
+                         fmt::format("rank {} is not a shared-memory peer here", peer));
   }
   return collectives::Link::SharedMemory;
 }
 
 ShmTransport::Op& ShmTransport::post(int peer, OpKind kind, Tag tag, size_t bytes) {
-  if (peer == rank_ || !serves(peer)) {
-    throw error(ErrorCode::InvalidArgument, matcher_.op_name(kind),
-                fmt::format("peer {} is not another rank with shared memory here", peer));
+  if (peer == matcher_.rank() || !serves(peer)) {
+    throw matcher_.error(ErrorCode::InvalidArgument, matcher_.op_name(kind),
+                         fmt::format("peer {} is not another rank with shared memory here", peer));
   }
   if (bytes > kMaxMessageBytes) {
-    throw error(ErrorCode::InvalidArgument, matcher_.op_name(kind),
-                fmt::format("{} bytes is more than one message may carry", bytes));
+    throw matcher_.error(ErrorCode::InvalidArgument, matcher_.op_name(kind),
+                         fmt::format("{} bytes is more than one message may carry", bytes));
   }
   handle_abort();
   Op& op = matcher_.post(peer, kind, tag, bytes);
   if (!op.finished && kind == OpKind::Send && peers_[peer]->lost) {
-    matcher_.fail(op, error(ErrorCode::PeerLost, matcher_.op_name(kind),
-                            fmt::format("rank {} {}", peer, peers_[peer]->lost_reason)));
+    matcher_.fail(op, matcher_.error(ErrorCode::PeerLost, matcher_.op_name(kind),
+                                     fmt::format("rank {} {}", peer, peers_[peer]->lost_reason)));
   }
   return op;
 }
@@ -265,8 +266,8 @@ collectives::Request ShmTransport::recv_reduce(int peer, void* dst, size_t count
   reduce::check_supported(dtype, reduce_op);
   const size_t element = dtype_size(dtype);
   if (count > kMaxMessageBytes / element) {
-    throw error(ErrorCode::InvalidArgument, "shm recv_reduce",
-                fmt::format("{} elements of {} bytes is too many", count, element));
+    throw matcher_.error(ErrorCode::InvalidArgument, "shm recv_reduce",
+                         fmt::format("{} elements of {} bytes is too many", count, element));
   }
   Op& op = post(peer, OpKind::RecvReduce, tag, count * element);
   if (op.finished) return {op.id};
@@ -487,21 +488,23 @@ void ShmTransport::read_single_copy(Peer& peer, Op& op, uint64_t address) {
     op.done = op.bytes;
     matcher_.complete(op);
   } else if (err == ESRCH) {
-    matcher_.fail(op, error(ErrorCode::PeerLost, matcher_.op_name(op.kind),
-                            fmt::format("rank {} is gone (process {} no longer exists)", peer.rank,
-                                        peer.pid)));
+    matcher_.fail(op, matcher_.error(ErrorCode::PeerLost, matcher_.op_name(op.kind),
+                                     fmt::format("rank {} is gone (process {} no longer exists)",
+                                                 peer.rank, peer.pid)));
   } else if (err == EFAULT) {
     // The sender gave the message up after waiting for it (its collective failed or it aborted)
     // and freed the memory: for this rank, the peer is gone from the exchange.
     matcher_.fail(
-        op, error(ErrorCode::PeerLost, matcher_.op_name(op.kind),
-                  fmt::format("rank {} withdrew a {}-byte message before it was read (it failed "
-                              "or aborted)",
-                              peer.rank, op.bytes)));
+        op, matcher_.error(
+                ErrorCode::PeerLost, matcher_.op_name(op.kind),
+                fmt::format("rank {} withdrew a {}-byte message before it was read (it failed "
+                            "or aborted)",
+                            peer.rank, op.bytes)));
   } else {
-    matcher_.fail(op, error(ErrorCode::Io, matcher_.op_name(op.kind),
-                            fmt::format("reading {} bytes from rank {} (process {}) failed: {}",
-                                        op.bytes, peer.rank, peer.pid, std::strerror(err))));
+    matcher_.fail(
+        op, matcher_.error(ErrorCode::Io, matcher_.op_name(op.kind),
+                           fmt::format("reading {} bytes from rank {} (process {}) failed: {}",
+                                       op.bytes, peer.rank, peer.pid, std::strerror(err))));
   }
 }
 

@@ -121,8 +121,8 @@ class ShmTransport final : public collectives::Transport {
   ShmTransport(const ShmTransport&) = delete;
   ShmTransport& operator=(const ShmTransport&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int rank() const override { return matcher_.rank(); }
+  int size() const override { return matcher_.size(); }
   // SharedMemory for the peers served here, Self for this rank; Error(InvalidArgument) else.
   collectives::Link link(int peer) const override;
   bool serves(int peer) const;
@@ -173,12 +173,7 @@ class ShmTransport final : public collectives::Transport {
   bool absorb_single_copy();
   void withdraw(Op& op);
   void handle_abort();
-  Error error(ErrorCode code, const char* op, const std::string& detail) const {
-    return matcher_.error(code, op, detail);
-  }
 
-  const int rank_;
-  const int size_;
   const Options options_;
   backends::MessageMatcher matcher_;          // requests, matching, unexpected messages' buffers
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null where not served

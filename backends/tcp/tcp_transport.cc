@@ -48,23 +48,22 @@ TcpTransport::TcpTransport(TcpMesh&& mesh, Options options)
     : TcpTransport(mesh.rank(), mesh.size(), mesh.take_sockets(), std::move(options)) {}
 
 TcpTransport::TcpTransport(int rank, int size, std::vector<net::Socket> sockets, Options options)
-    : rank_(rank),
-      size_(size),
-      options_(std::move(options)),
-      matcher_(rank, size, matcher_options(options_)) {
+    : options_(std::move(options)), matcher_(rank, size, matcher_options(options_)) {
   if (size < 1 || rank < 0 || rank >= size || sockets.size() != static_cast<size_t>(size)) {
-    throw error(ErrorCode::InvalidArgument, "tcp transport",
-                fmt::format("needs 0 <= rank < size and one socket slot per rank ({} given)",
-                            sockets.size()));
+    throw matcher_.error(
+        ErrorCode::InvalidArgument, "tcp transport",
+        fmt::format("needs 0 <= rank < size and one socket slot per rank ({} given)",
+                    sockets.size()));
   }
   if (options_.staging_bytes < 64) {
-    throw error(ErrorCode::InvalidArgument, "tcp transport", "staging_bytes must be >= 64");
+    throw matcher_.error(ErrorCode::InvalidArgument, "tcp transport",
+                         "staging_bytes must be >= 64");
   }
   epoll_ = net::Socket(epoll_create1(EPOLL_CLOEXEC));
   wakeup_ = net::Socket(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!epoll_.valid() || !wakeup_.valid()) {
-    throw error(ErrorCode::Io, "tcp transport",
-                fmt::format("epoll/eventfd: {}", std::strerror(errno)));
+    throw matcher_.error(ErrorCode::Io, "tcp transport",
+                         fmt::format("epoll/eventfd: {}", std::strerror(errno)));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -81,8 +80,8 @@ TcpTransport::TcpTransport(int rank, int size, std::vector<net::Socket> sockets,
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
     ev.data.u64 = static_cast<uint64_t>(r);
     if (epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, peer->socket.fd(), &ev) != 0) {
-      throw error(ErrorCode::Io, "tcp transport",
-                  fmt::format("epoll_ctl for rank {}: {}", r, std::strerror(errno)));
+      throw matcher_.error(ErrorCode::Io, "tcp transport",
+                           fmt::format("epoll_ctl for rank {}: {}", r, std::strerror(errno)));
     }
     peers_[r] = std::move(peer);
   }
@@ -94,18 +93,19 @@ TcpTransport::TcpTransport(int rank, int size, std::vector<net::Socket> sockets,
 TcpTransport::~TcpTransport() = default;
 
 collectives::Link TcpTransport::link(int peer) const {
-  if (peer == rank_) return collectives::Link::Self;
-  if (peer < 0 || peer >= size_ || !peers_[peer]) {
-    throw error(ErrorCode::InvalidArgument, "tcp link",
-                fmt::format("rank {} has no TCP connection here", peer));
+  if (peer == matcher_.rank()) return collectives::Link::Self;
+  if (peer < 0 || peer >= matcher_.size() || !peers_[peer]) {
+    throw matcher_.error(ErrorCode::InvalidArgument, "tcp link",
+                         fmt::format("rank {} has no TCP connection here", peer));
   }
   return collectives::Link::Tcp;
 }
 
 TcpTransport::Op& TcpTransport::post(int peer, OpKind kind, Tag tag, size_t bytes) {
-  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer]) {
-    throw error(ErrorCode::InvalidArgument, matcher_.op_name(kind),
-                fmt::format("peer {} is not another rank with a TCP connection here", peer));
+  if (peer < 0 || peer >= matcher_.size() || peer == matcher_.rank() || !peers_[peer]) {
+    throw matcher_.error(
+        ErrorCode::InvalidArgument, matcher_.op_name(kind),
+        fmt::format("peer {} is not another rank with a TCP connection here", peer));
   }
   handle_abort();
   return matcher_.post(peer, kind, tag, bytes);
@@ -116,8 +116,8 @@ collectives::Request TcpTransport::send(int peer, const void* data, size_t bytes
   if (op.finished) return {op.id};
   Peer& p = *peers_[peer];
   if (p.lost) {
-    matcher_.fail(
-        op, error(ErrorCode::PeerLost, "tcp send", fmt::format("rank {} {}", peer, p.lost_reason)));
+    matcher_.fail(op, matcher_.error(ErrorCode::PeerLost, "tcp send",
+                                     fmt::format("rank {} {}", peer, p.lost_reason)));
     return {op.id};
   }
   op.src = static_cast<const uint8_t*>(data);
@@ -141,8 +141,9 @@ collectives::Request TcpTransport::recv_reduce(int peer, void* dst, size_t count
   reduce::check_supported(dtype, reduce_op);
   size_t element = dtype_size(dtype);
   if (count > SIZE_MAX / element) {
-    throw error(ErrorCode::InvalidArgument, "tcp recv_reduce",
-                fmt::format("{} elements of {} overflow size_t", count, dtype_name(dtype)));
+    throw matcher_.error(
+        ErrorCode::InvalidArgument, "tcp recv_reduce",
+        fmt::format("{} elements of {} overflow size_t", count, dtype_name(dtype)));
   }
   Op& op = post(peer, OpKind::RecvReduce, tag, count * element);
   op.dst = static_cast<uint8_t*>(dst);

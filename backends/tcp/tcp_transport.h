@@ -108,8 +108,8 @@ class TcpTransport final : public collectives::Transport {
   TcpTransport(const TcpTransport&) = delete;
   TcpTransport& operator=(const TcpTransport&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int rank() const override { return matcher_.rank(); }
+  int size() const override { return matcher_.size(); }
   collectives::Link link(int peer) const override;
 
   // Throw Error(InvalidArgument) for a peer out of range, this rank, or a peer without a
@@ -144,12 +144,7 @@ class TcpTransport final : public collectives::Transport {
   // Withdraws a pending op after its wait() timed out, keeping the byte stream consistent.
   void withdraw(Op& op);
   void handle_abort();
-  Error error(ErrorCode code, const char* op, const std::string& detail) const {
-    return matcher_.error(code, op, detail);
-  }
 
-  const int rank_;
-  const int size_;
   const Options options_;
   backends::MessageMatcher matcher_;          // requests, matching, unexpected messages' buffers
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null for unconnected ranks
