@@ -31,6 +31,7 @@
 #include <fmt/format.h>
 
 #include "weft/error.h"
+#include "weft/half.h"
 #include "weft/process_group.h"
 
 #ifndef WEFT_VERSION
@@ -238,56 +239,10 @@ std::vector<size_t> sizes_of(const Options& o) {
 
 // ---- Element access for every dtype, through double (the values used are small integers).
 
-uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, man = x & 0x7fffff;
-  if (exp == 0xff) return uint16_t(sign | 0x7c00 | (man ? 0x200 : 0));
-  int e = int(exp) - 127 + 15;
-  if (e >= 31) return uint16_t(sign | 0x7c00);
-  if (e <= 0) {  // subnormal or zero
-    if (e < -10) return uint16_t(sign);
-    man |= 0x800000;
-    uint32_t shift = uint32_t(14 - e);
-    uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1))) ++half;
-    return uint16_t(sign | half);
-  }
-  uint32_t half = sign | (uint32_t(e) << 10) | (man >> 13), rem = man & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;
-  return uint16_t(half);
-}
-
-float half_to_float(uint16_t h) {
-  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  uint32_t x;
-  if (exp == 0x1f) {
-    x = sign | 0x7f800000 | (man << 13);
-  } else if (exp == 0) {
-    float f = std::ldexp(float(man), -24);
-    return sign ? -f : f;
-  } else {
-    x = sign | ((exp - 15 + 127) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffff) > 0x7f800000) return uint16_t((x >> 16) | 0x40);
-  x += 0x7fff + ((x >> 16) & 1);
-  return uint16_t(x >> 16);
-}
-
-float bf16_to_float(uint16_t b) {
-  uint32_t x = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
+using weft::bf16_to_float;
+using weft::float_to_bf16;
+using weft::float_to_half;
+using weft::half_to_float;
 
 double load(DType t, const void* base, size_t i) {
   switch (t) {

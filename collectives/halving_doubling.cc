@@ -17,8 +17,8 @@ namespace {
 // and step log2(P')-1-k of the all-gather pair the same ranks), so each phase has its own tags
 // and a rank that runs ahead never matches a message of the phase its partner is still in.
 constexpr uint32_t kFoldInStep = 0;
-constexpr uint32_t kAllGatherStep = 1u << 16;
-constexpr uint32_t kFoldOutStep = 1u << 17;
+constexpr uint32_t kAllGatherStep = phase_step(1);
+constexpr uint32_t kFoldOutStep = phase_step(2);
 
 // P - P': the ranks folded in, each into its odd neighbour.
 int extra_ranks(int size) {

@@ -10,10 +10,6 @@
 namespace weft::collectives {
 namespace {
 
-std::string describe_tag(Tag tag) {
-  return fmt::format("{}:{}", tag >> 24, tag & 0xFFFFFF);  // sequence number:step, as make_tag
-}
-
 std::string where(int rank) { return fmt::format("local transport rank {}", rank); }
 
 }  // namespace
@@ -157,8 +153,8 @@ void LocalFabric::deliver(int source, int destination, Tag tag, Posted& send, Po
   std::string message;
   if (send.bytes != recv.bytes) {
     error = ErrorCode::Protocol;
-    message = fmt::format("rank {} sent {} bytes with tag {} but rank {} posted a receive of {}",
-                          source, send.bytes, describe_tag(tag), destination, recv.bytes);
+    message = fmt::format("rank {} sent {} bytes with {} but rank {} posted a receive of {}",
+                          source, send.bytes, tag_text(tag), destination, recv.bytes);
   } else {
     const void* data = send.is_eager ? send.eager.data() : send.send_data;
     try {
@@ -226,14 +222,14 @@ void LocalFabric::wait(int rank, Request request, Clock::time_point deadline) {
   if (aborted_[rank]) {
     cancel(rank, request.id, state);
     throw_error(ErrorCode::Aborted, where(rank),
-                fmt::format("{} (while waiting for a {} rank {}, tag {})", *aborted_[rank], what,
-                            state.peer, describe_tag(state.tag)));
+                fmt::format("{} (while waiting for a {} rank {}, {})", *aborted_[rank], what,
+                            state.peer, tag_text(state.tag)));
   }
   if (!state.done) {
     cancel(rank, request.id, state);
     throw_error(ErrorCode::Timeout, where(rank),
-                fmt::format("{} rank {} with tag {} did not complete: {} bytes outstanding", what,
-                            state.peer, describe_tag(state.tag), state.bytes));
+                fmt::format("{} rank {} with {} did not complete: {} bytes outstanding", what,
+                            state.peer, tag_text(state.tag), state.bytes));
   }
   if (state.error) throw_error(*state.error, where(rank), state.message);
 }

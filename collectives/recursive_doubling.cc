@@ -11,7 +11,7 @@ namespace {
 
 // Tag steps: 0 folds in, 1..log2(P') the exchanges, kFoldOutStep folds out.
 constexpr uint32_t kFoldInStep = 0;
-constexpr uint32_t kFoldOutStep = 1u << 16;
+constexpr uint32_t kFoldOutStep = phase_step(1);
 
 }  // namespace
 

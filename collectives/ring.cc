@@ -15,7 +15,7 @@ namespace {
 
 // Tag steps: reduce-scatter uses 0..P-2, all-gather kAllGatherStep + (0..P-2), so a rank that
 // runs ahead into the all-gather never matches a message of the other phase.
-constexpr uint32_t kAllGatherStep = 1u << 16;
+constexpr uint32_t kAllGatherStep = phase_step(1);
 
 int mod(int a, int p) { return ((a % p) + p) % p; }
 

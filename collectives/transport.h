@@ -7,7 +7,8 @@
 //
 // Model
 //   A Transport connects the `size()` ranks of one process group. A rank posts sends and
-//   receives of byte ranges to and from peers, each with a Tag, and later waits for them.
+//   receives of byte ranges to and from peers, each with a Tag (tag.h: the bits of every kind
+//   of tag), and later waits for them.
 //   Posting never blocks; wait() blocks (bounded spin, then epoll/futex) until the request is
 //   done, driving the transport's progress on the calling thread while it waits.
 //
@@ -45,18 +46,11 @@
 #include "weft/dtype.h"
 #include "weft/reduce_op.h"
 
+#include "collectives/tag.h"
+
 namespace weft::collectives {
 
 using Clock = std::chrono::steady_clock;
-
-// Tells apart messages between the same two ranks. Algorithms build tags with make_tag() from
-// the collective's sequence number, so messages of consecutive collectives never match.
-using Tag = uint64_t;
-
-// Sequence number in the high 40 bits, a step within the collective in the low 24.
-constexpr Tag make_tag(uint64_t seq, uint32_t step) {
-  return (seq << 24) | (static_cast<uint64_t>(step) & 0xFFFFFF);
-}
 
 // A posted request. Valid until wait() returns or throws for it.
 struct Request {

@@ -25,16 +25,16 @@
 #include "weft/store.h"
 #include "weft/tcp_store_server.h"
 
+#include "collectives/tag.h"
 #include "runtime/abortable_store.h"
 #include "runtime/buffer_pool.h"
 
 namespace weft {
 
-// Internal collectives (debug fingerprints, split's color exchange) use sequence numbers with
-// this bit set, so that their messages never match a user collective's.
-inline constexpr uint64_t kInternalSeqBit = uint64_t{1} << 38;
-// User tags of send/recv must leave the backend's reserved high bit alone.
-inline constexpr uint64_t kMaxTag = (uint64_t{1} << 62) - 1;
+// Internal collectives (debug fingerprints, split's color exchange) set kInternalSeqBit in
+// their sequence numbers; user tags of send/recv stay at or below kMaxUserTag (tag.h has both).
+using collectives::kInternalSeqBit;
+inline constexpr uint64_t kMaxTag = collectives::kMaxUserTag;
 
 // What every group of one world shares: the store (and its server, on the rank that hosts it).
 struct World {

@@ -21,8 +21,7 @@
 #include <fmt/format.h>
 
 #include "weft/error.h"
-
-#include "runtime/half.h"
+#include "weft/half.h"
 
 // WEFT_KERNEL compiles a loop twice, for the x86-64 baseline (SSE2) and for AVX2, and the loader
 // picks one (an ifunc), so that one binary runs everywhere and is fast where it can be.

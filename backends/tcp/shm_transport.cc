@@ -21,13 +21,14 @@
 
 namespace weft::tcp {
 
+using backends::InState;
+using backends::MessageMatcher;
+using backends::OpKind;
+using backends::Unexpected;
+using backends::WireHeader;
 using collectives::Clock;
 using collectives::Tag;
-using detail::InState;
-using detail::OpKind;
-using detail::tag_text;
-using detail::Unexpected;
-using detail::WireHeader;
+using collectives::tag_text;
 
 namespace {
 
@@ -36,9 +37,9 @@ constexpr size_t kHeaderBytes = sizeof(WireHeader);
 // Single copy. A header whose bytes field has this bit carries, instead of the payload, the
 // descriptor {address in the sender, sender's request id} (16 bytes); the receiver reads the
 // bytes with process_vm_readv() and answers with an ack: a message with kAckTag whose 8-byte
-// payload is the request id. No collective or send/recv tag is all ones.
+// payload is the request id (tag.h keeps kTransportControlTag clear of every other tag).
 constexpr uint64_t kSingleCopyBit = uint64_t{1} << 63;
-constexpr Tag kAckTag = ~Tag{0};
+constexpr Tag kAckTag = collectives::kTransportControlTag;
 constexpr size_t kDescriptorBytes = 16;
 constexpr size_t kAckBytes = 8;
 // A word each rank publishes the address of, for its peers to test that they can read its memory.
@@ -74,33 +75,31 @@ size_t page_align(size_t n) { return (n + 4095) / 4096 * 4096; }
 size_t ring_offset(size_t index, size_t capacity) {
   return page_align(Doorbell::kFootprint) + index * page_align(ShmRing::footprint(capacity));
 }
-size_t unexpected_charge(uint64_t bytes) { return detail::BufferPool::capacity_for(bytes) + 64; }
 
-const char* shm_op_name(OpKind kind) {
-  switch (kind) {
-    case OpKind::Send:
-      return "shm send";
-    case OpKind::Recv:
-      return "shm recv";
-    case OpKind::RecvReduce:
-      return "shm recv_reduce";
-  }
-  return "shm";
+MessageMatcher::Options matcher_options(const ShmTransport::Options& options) {
+  MessageMatcher::Options matcher;
+  matcher.transport = "shm";
+  matcher.group_name = options.group_name;
+  matcher.unexpected_limit = options.unexpected_limit;
+  // The ring cannot push a sender back past what it holds: see "Matching" in shm_transport.h.
+  matcher.admit_oversized_alone = true;
+  return matcher;
 }
 
 }  // namespace
 
 ShmTransport::ShmTransport(Store& store, int rank, int size, std::vector<net::Socket> control,
                            Options options)
-    : rank_(rank), size_(size), options_(std::move(options)), pool_(options_.unexpected_limit) {
+    : options_(std::move(options)), matcher_(rank, size, matcher_options(options_)) {
   if (size < 1 || rank < 0 || rank >= size || control.size() != static_cast<size_t>(size)) {
-    throw error(ErrorCode::InvalidArgument, "shm transport",
-                fmt::format("needs 0 <= rank < size and one control slot per rank ({} given)",
-                            control.size()));
+    throw matcher_.error(
+        ErrorCode::InvalidArgument, "shm transport",
+        fmt::format("needs 0 <= rank < size and one control slot per rank ({} given)",
+                    control.size()));
   }
   const size_t ring = options_.ring_bytes;
   if (ring < kMinRingBytes || (ring & (ring - 1)) != 0) {
-    throw error(
+    throw matcher_.error(
         ErrorCode::InvalidArgument, "shm transport",
         fmt::format("ring_bytes must be a power of two >= {}, not {}", kMinRingBytes, ring));
   }
@@ -114,9 +113,9 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   const milliseconds timeout = options_.timeout.count() > 0 ? options_.timeout : config().timeout;
   const size_t capacity = options_.ring_bytes;
   std::vector<int> senders;
-  peers_.resize(size_);
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || !control[r].valid()) continue;
+  peers_.resize(matcher_.size());
+  for (int r = 0; r < matcher_.size(); ++r) {
+    if (r == matcher_.rank() || !control[r].valid()) continue;
     senders.push_back(r);
     peers_[r] = std::make_unique<Peer>();
     peers_[r]->rank = r;
@@ -131,7 +130,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   // Named after the job, so that a launcher can remove what a rank killed during set-up leaves.
   const std::string name =
       fmt::format("{}{:016x}-{}-r{}", shm_job_prefix(launcher_job_id(std::getenv).value),
-                  options_.group_id, ::getpid(), rank_);
+                  options_.group_id, ::getpid(), matcher_.rank());
   segment_ = ShmSegment::create(name, ring_offset(senders.size(), capacity));
   bell_ = Doorbell::create(segment_->data());
   // Oversubscribed (no spinning): yield the core to the rank we wait for before sleeping.
@@ -145,7 +144,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   }
   if (senders.empty()) return;  // nobody to meet: the segment only holds an unused doorbell
   auto key = [&](int r) { return fmt::format("{}/{}", options_.key_prefix, r); };
-  store.set(key(rank_), Bytes(record.begin(), record.end()));
+  store.set(key(matcher_.rank()), Bytes(record.begin(), record.end()));
 
   // 2. Open every peer's segment and attach the ring towards it.
   std::vector<std::string> keys;
@@ -165,19 +164,22 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     for (std::string item; std::getline(items, item, ',');) {
       int sender = -1;
       auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), sender);
-      if (ec != std::errc() || end != item.data() + item.size() || sender < 0 || sender >= size_) {
-        throw error(ErrorCode::Protocol, "shm transport",
-                    fmt::format("rank {}'s record \"{}\" in the store is malformed", peer.rank,
-                                std::string(records[i].begin(), records[i].end())));
+      if (ec != std::errc() || end != item.data() + item.size() || sender < 0 ||
+          sender >= matcher_.size()) {
+        throw matcher_.error(
+            ErrorCode::Protocol, "shm transport",
+            fmt::format("rank {}'s record \"{}\" in the store is malformed", peer.rank,
+                        std::string(records[i].begin(), records[i].end())));
       }
       peer_senders.push_back(sender);
     }
-    auto me = std::find(peer_senders.begin(), peer_senders.end(), rank_);
+    auto me = std::find(peer_senders.begin(), peer_senders.end(), matcher_.rank());
     if (peer_capacity != capacity || me == peer_senders.end()) {
-      throw error(ErrorCode::InvalidArgument, "shm transport",
-                  fmt::format("rank {} publishes rings of {} bytes from ranks [{}]; this rank "
-                              "uses {} and expects to be among them (asymmetric routing?)",
-                              peer.rank, peer_capacity, list, capacity));
+      throw matcher_.error(
+          ErrorCode::InvalidArgument, "shm transport",
+          fmt::format("rank {} publishes rings of {} bytes from ranks [{}]; this rank "
+                      "uses {} and expects to be among them (asymmetric routing?)",
+                      peer.rank, peer_capacity, list, capacity));
     }
     peer.segment = ShmSegment::open(peer_name, ring_offset(peer_senders.size(), capacity));
     peer.bell = Doorbell::attach(peer.segment->data());
@@ -195,12 +197,12 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
       readable = read_remote(peers_[senders[i]]->pid, &word, probes[i], sizeof(word)) == 0 &&
                  word == kProbeWord;
     }
-    store.set(fmt::format("{}/{}/opened/{}", options_.key_prefix, senders[i], rank_),
+    store.set(fmt::format("{}/{}/opened/{}", options_.key_prefix, senders[i], matcher_.rank()),
               Bytes{1, readable});
   }
   std::vector<std::string> acks;
   for (int s : senders)
-    acks.push_back(fmt::format("{}/{}/opened/{}", options_.key_prefix, rank_, s));
+    acks.push_back(fmt::format("{}/{}/opened/{}", options_.key_prefix, matcher_.rank(), s));
   std::vector<Bytes> acked = store.multi_get(acks, timeout);
   for (size_t i = 0; i < senders.size(); ++i) {
     peers_[senders[i]]->single_copy = acked[i].size() == 2 && acked[i][1] == 1;
@@ -208,52 +210,33 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   segment_->unlink();
 }
 
-Error ShmTransport::error(ErrorCode code, const char* op, const std::string& detail) const {
-  ErrorContext context;
-  context.rank = rank_;
-  context.size = size_;
-  context.group = options_.group_name;
-  context.op = op;
-  return Error(code, context, detail);
-}
-
 bool ShmTransport::serves(int peer) const {
-  return peer >= 0 && peer < size_ && peers_[peer] != nullptr;
+  return peer >= 0 && peer < matcher_.size() && peers_[peer] != nullptr;
 }
 
 collectives::Link ShmTransport::link(int peer) const {
-  if (peer == rank_) return collectives::Link::Self;
+  if (peer == matcher_.rank()) return collectives::Link::Self;
   if (!serves(peer)) {
-    throw error(ErrorCode::InvalidArgument, "shm link",
-                fmt::format("rank {} is not a shared-memory peer here", peer));
+    throw matcher_.error(ErrorCode::InvalidArgument, "shm link",
+                         fmt::format("rank {} is not a shared-memory peer here", peer));
   }
   return collectives::Link::SharedMemory;
 }
 
 ShmTransport::Op& ShmTransport::post(int peer, OpKind kind, Tag tag, size_t bytes) {
-  if (peer == rank_ || !serves(peer)) {
-    throw error(ErrorCode::InvalidArgument, shm_op_name(kind),
-                fmt::format("peer {} is not another rank with shared memory here", peer));
+  if (peer == matcher_.rank() || !serves(peer)) {
+    throw matcher_.error(ErrorCode::InvalidArgument, matcher_.op_name(kind),
+                         fmt::format("peer {} is not another rank with shared memory here", peer));
   }
   if (bytes > kMaxMessageBytes) {
-    throw error(ErrorCode::InvalidArgument, shm_op_name(kind),
-                fmt::format("{} bytes is more than one message may carry", bytes));
+    throw matcher_.error(ErrorCode::InvalidArgument, matcher_.op_name(kind),
+                         fmt::format("{} bytes is more than one message may carry", bytes));
   }
   handle_abort();
-  auto owned = std::make_unique<Op>();
-  Op& op = *owned;
-  op.id = next_id_++;
-  op.peer = peer;
-  op.kind = kind;
-  op.tag = tag;
-  op.bytes = bytes;
-  ops_.emplace(op.id, std::move(owned));
-  if (abort_handled_) {
-    std::lock_guard<std::mutex> lock(abort_mutex_);
-    fail(op, error(ErrorCode::Aborted, shm_op_name(kind), abort_reason_));
-  } else if (kind == OpKind::Send && peers_[peer]->lost) {
-    fail(op, error(ErrorCode::PeerLost, shm_op_name(kind),
-                   fmt::format("rank {} {}", peer, peers_[peer]->lost_reason)));
+  Op& op = matcher_.post(peer, kind, tag, bytes);
+  if (!op.finished && kind == OpKind::Send && peers_[peer]->lost) {
+    matcher_.fail(op, matcher_.error(ErrorCode::PeerLost, matcher_.op_name(kind),
+                                     fmt::format("rank {} {}", peer, peers_[peer]->lost_reason)));
   }
   return op;
 }
@@ -288,8 +271,8 @@ collectives::Request ShmTransport::recv_reduce(int peer, void* dst, size_t count
   reduce::check_supported(dtype, reduce_op);
   const size_t element = dtype_size(dtype);
   if (count > kMaxMessageBytes / element) {
-    throw error(ErrorCode::InvalidArgument, "shm recv_reduce",
-                fmt::format("{} elements of {} bytes is too many", count, element));
+    throw matcher_.error(ErrorCode::InvalidArgument, "shm recv_reduce",
+                         fmt::format("{} elements of {} bytes is too many", count, element));
   }
   Op& op = post(peer, OpKind::RecvReduce, tag, count * element);
   if (op.finished) return {op.id};
@@ -302,95 +285,10 @@ collectives::Request ShmTransport::recv_reduce(int peer, void* dst, size_t count
 }
 
 void ShmTransport::match_posted_recv(Peer& peer, Op& op) {
-  for (auto it = peer.unexpected.begin(); it != peer.unexpected.end(); ++it) {
-    if (it->tag != op.tag) continue;
-    const bool arriving = peer.in_unexpected == &*it;
-    if (it->size != op.bytes) {
-      fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
-                     fmt::format("rank {} sent {} bytes with {} but the receive is of {}",
-                                 peer.rank, it->size, tag_text(op.tag), op.bytes)));
-    } else if (it->single_copy) {
-      read_single_copy(peer, op, it->address);
-    } else {
-      deliver(op, reinterpret_cast<const std::byte*>(it->buffer.data.get()), it->got);
-      if (arriving) {
-        peer.in_op = &op;  // the rest streams straight into the receive
-      } else {
-        complete(op);
-      }
-    }
-    if (arriving) peer.in_unexpected = nullptr;          // on a mismatch: the rest is discarded
-    if (it->single_copy) send_ack(peer, it->sender_op);  // the sender may reuse its buffer now
-    peer.unexpected_bytes -= it->charge;
-    if (it->buffer.data) pool_.release(std::move(it->buffer));
-    peer.unexpected.erase(it);
-    return;
-  }
-  if (peer.in_state == InState::Paused && peer.in_header.tag == op.tag) {
-    peer.recvs.push_front(&op);  // the paused message is the first with this tag: it is op's
-    start_payload(peer);
-    return;
-  }
-  if (peer.lost) {
-    fail(op, error(ErrorCode::PeerLost, shm_op_name(op.kind),
-                   fmt::format("rank {} {}", peer.rank, peer.lost_reason)));
-    return;
-  }
-  peer.recvs.push_back(&op);
-}
-
-bool ShmTransport::start_payload(Peer& peer) {
-  const WireHeader& header = peer.in_header;
-  peer.in_left = header.bytes;
-  peer.in_op = nullptr;
-  peer.in_unexpected = nullptr;
-  auto it = std::find_if(peer.recvs.begin(), peer.recvs.end(),
-                         [&](Op* op) { return op->tag == header.tag; });
-  if (it != peer.recvs.end()) {
-    Op& op = **it;
-    peer.recvs.erase(it);
-    if (op.bytes != header.bytes) {
-      fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
-                     fmt::format("rank {} sent {} bytes with {} but the receive is of {}",
-                                 peer.rank, header.bytes, tag_text(header.tag), op.bytes)));
-    } else {
-      peer.in_op = &op;
-    }
-  } else {
-    const size_t charge = unexpected_charge(header.bytes);
-    if (peer.unexpected_bytes + charge > options_.unexpected_limit && !peer.lost &&
-        !peer.unexpected.empty()) {
-      peer.in_state = InState::Paused;
-      return false;
-    }
-    Unexpected& message = peer.unexpected.emplace_back();
-    message.tag = header.tag;
-    message.size = header.bytes;
-    message.charge = charge;
-    message.buffer = pool_.acquire(header.bytes);
-    peer.unexpected_bytes += charge;
-    peer.in_unexpected = &message;
-  }
-  peer.in_state = InState::Payload;
-  if (peer.in_left == 0) finish_message(peer);
-  return true;
-}
-
-void ShmTransport::deliver(Op& op, const std::byte* src, size_t n) {
-  if (n == 0) return;
-  if (op.kind == OpKind::Recv) {
-    std::memcpy(op.dst + op.done, src, n);
-  } else {
-    reduce::accumulate(op.dst + op.done, src, n / op.element, op.dtype, op.reduce_op);
-  }
-  op.done += n;
-}
-
-void ShmTransport::finish_message(Peer& peer) {
-  if (peer.in_op != nullptr) complete(*peer.in_op);
-  peer.in_op = nullptr;
-  peer.in_unexpected = nullptr;  // stays in peer.unexpected, complete (got == size)
-  peer.in_state = InState::Header;
+  auto single_copy = matcher_.match_posted_recv(peer, op);
+  if (!single_copy) return;
+  if (!op.finished) read_single_copy(peer, op, single_copy->address);
+  send_ack(peer, single_copy->sender_op);  // the sender may reuse its buffer now
 }
 
 bool ShmTransport::pump_writes(Peer& peer) {
@@ -423,11 +321,7 @@ bool ShmTransport::pump_writes(Peer& peer) {
     }
     if (op.done < op.bytes) break;
     peer.sends.pop_front();
-    if (op.id == 0) {  // an orphan (or an ack): withdrawn after a timeout, now fully written
-      std::erase_if(peer.orphans, [&](const std::unique_ptr<Op>& o) { return o.get() == &op; });
-    } else {
-      complete(op);
-    }
+    matcher_.sent(peer, op);  // an orphan or an ack (id 0) is dropped
   }
   if (moved) peer.bell->ring();
   return moved;
@@ -451,7 +345,7 @@ bool ShmTransport::pump_reads(Peer& peer) {
         peer.in_state = InState::Control;
         continue;
       }
-      if (!start_payload(peer)) break;
+      if (!matcher_.start_payload(peer)) break;
       continue;
     }
     if (peer.in_state == InState::Control) {
@@ -464,14 +358,14 @@ bool ShmTransport::pump_reads(Peer& peer) {
       continue;
     }
     if (peer.in_state == InState::Paused) {
-      if (!start_payload(peer)) break;  // still over the limit
+      if (!matcher_.start_payload(peer)) break;  // still over the limit
       continue;
     }
     std::span<const std::byte> span = peer.in->readable();
     if (span.empty()) break;
     const size_t n = std::min(span.size(), peer.in_left);
     if (peer.in_op != nullptr) {
-      deliver(*peer.in_op, span.data(), n);
+      MessageMatcher::deliver(*peer.in_op, reinterpret_cast<const uint8_t*>(span.data()), n);
     } else if (peer.in_unexpected != nullptr) {
       Unexpected& message = *peer.in_unexpected;
       std::memcpy(message.buffer.data.get() + message.got, span.data(), n);
@@ -480,7 +374,7 @@ bool ShmTransport::pump_reads(Peer& peer) {
     peer.in->consume(round8(n));
     peer.in_left -= n;
     moved = true;
-    if (peer.in_left == 0) finish_message(peer);
+    if (peer.in_left == 0) matcher_.finish_message(peer);
   }
   if (moved) peer.bell->ring();
   return moved;
@@ -497,7 +391,7 @@ bool ShmTransport::progress() {
 }
 
 bool ShmTransport::has_news() {
-  if (aborted_.load(std::memory_order_relaxed)) return true;
+  if (matcher_.aborted()) return true;
   for (auto& peer : peers_) {
     if (!peer || peer->lost) continue;
     if (!peer->sends.empty()) {
@@ -516,35 +410,12 @@ bool ShmTransport::has_news() {
 }
 
 void ShmTransport::wait(collectives::Request request, Clock::time_point deadline) {
-  auto it = ops_.find(request.id);
-  if (it == ops_.end()) {
-    throw error(
-        ErrorCode::InvalidArgument, "shm wait",
-        fmt::format("request {} is not pending (never posted, or already waited for)", request.id));
-  }
-  Op& op = *it->second;
+  Op& op = matcher_.pending(request, "shm wait");
   for (;;) {
     handle_abort();
     if (!op.finished) progress();
     if (!op.finished) check_peers(false);
-    if (op.finished) {
-      std::unique_ptr<Op> done = std::move(it->second);
-      ops_.erase(it);
-      if (done->error) throw *done->error;
-      return;
-    }
-    if (Clock::now() >= deadline) {
-      std::string detail =
-          op.kind == OpKind::Send
-              ? fmt::format("send to rank {} ({}) still has {} of {} bytes to write", op.peer,
-                            tag_text(op.tag), op.bytes - op.done, op.bytes)
-              : fmt::format("nothing complete from rank {} ({}): {} of {} bytes outstanding",
-                            op.peer, tag_text(op.tag), op.bytes - op.done, op.bytes);
-      Error timeout = error(ErrorCode::Timeout, shm_op_name(op.kind), detail);
-      withdraw(op);
-      ops_.erase(it);
-      throw timeout;
-    }
+    if (matcher_.settle(op, deadline, [&] { withdraw(op); })) return;
     // About to sleep: copy out what peers are waiting for us to read (see absorb_single_copy).
     if (absorb_single_copy()) continue;
     bell_->wait([&] { return op.finished || has_news(); }, deadline, spin_budget_,
@@ -553,15 +424,11 @@ void ShmTransport::wait(collectives::Request request, Clock::time_point deadline
 }
 
 bool ShmTransport::test(collectives::Request request) {
-  auto it = ops_.find(request.id);
-  if (it == ops_.end()) {
-    throw error(ErrorCode::InvalidArgument, "shm test",
-                fmt::format("request {} is not pending", request.id));
-  }
+  Op& op = matcher_.pending(request, "shm test");
   handle_abort();
-  if (!it->second->finished) progress();
-  if (!it->second->finished) check_peers(false);
-  return it->second->finished;
+  if (!op.finished) progress();
+  if (!op.finished) check_peers(false);
+  return op.finished;
 }
 
 void ShmTransport::idle(Clock::time_point until) {
@@ -582,19 +449,14 @@ void ShmTransport::handle_control(Peer& peer) {
     if (it == peer.awaiting_ack.end()) return;  // withdrawn after its descriptor went out
     Op& op = **it;
     peer.awaiting_ack.erase(it);
-    if (op.id == 0) {  // an orphan that held a copy of a withdrawn send's data
-      std::erase_if(peer.orphans, [&](const std::unique_ptr<Op>& o) { return o.get() == &op; });
-    } else {
-      complete(op);
-    }
+    matcher_.sent(peer, op);  // an orphan (id 0) held a copy of a withdrawn send's data
     return;
   }
   const uint64_t bytes = peer.in_header.bytes & ~kSingleCopyBit;
   const uint64_t address = peer.in_control[0];
   const uint64_t sender_op = peer.in_control[1];
-  auto it = std::find_if(peer.recvs.begin(), peer.recvs.end(),
-                         [&](Op* op) { return op->tag == peer.in_header.tag; });
-  if (it == peer.recvs.end()) {
+  Op* op = matcher_.take_posted_recv(peer, peer.in_header.tag, bytes);
+  if (op == nullptr) {
     // Unexpected: keep only the descriptor; the data waits in the sender's memory.
     Unexpected& message = peer.unexpected.emplace_back();
     message.tag = peer.in_header.tag;
@@ -607,15 +469,7 @@ void ShmTransport::handle_control(Peer& peer) {
     peer.unexpected_bytes += message.charge;
     return;
   }
-  Op& op = **it;
-  peer.recvs.erase(it);
-  if (op.bytes != bytes) {
-    fail(op, error(ErrorCode::Protocol, shm_op_name(op.kind),
-                   fmt::format("rank {} sent {} bytes with {} but the receive is of {}", peer.rank,
-                               bytes, tag_text(op.tag), op.bytes)));
-  } else {
-    read_single_copy(peer, op, address);
-  }
+  if (!op->finished) read_single_copy(peer, *op, address);  // else: failed on its size
   send_ack(peer, sender_op);
 }
 
@@ -624,7 +478,7 @@ void ShmTransport::read_single_copy(Peer& peer, Op& op, uint64_t address) {
   if (op.kind == OpKind::Recv) {
     err = read_remote(peer.pid, op.dst, address, op.bytes);
   } else {
-    if (!staging_.data) staging_ = pool_.acquire(kSingleCopyPiece);
+    if (!staging_.data) staging_ = matcher_.pool().acquire(kSingleCopyPiece);
     const size_t piece = kSingleCopyPiece / op.element * op.element;
     for (size_t done = 0; done < op.bytes && err == 0; done += piece) {
       const size_t n = std::min(piece, op.bytes - done);
@@ -637,22 +491,25 @@ void ShmTransport::read_single_copy(Peer& peer, Op& op, uint64_t address) {
   }
   if (err == 0) {
     op.done = op.bytes;
-    complete(op);
+    matcher_.complete(op);
   } else if (err == ESRCH) {
-    fail(op,
-         error(ErrorCode::PeerLost, shm_op_name(op.kind),
-               fmt::format("rank {} is gone (process {} no longer exists)", peer.rank, peer.pid)));
+    matcher_.fail(op, matcher_.error(ErrorCode::PeerLost, matcher_.op_name(op.kind),
+                                     fmt::format("rank {} is gone (process {} no longer exists)",
+                                                 peer.rank, peer.pid)));
   } else if (err == EFAULT) {
     // The sender gave the message up after waiting for it (its collective failed or it aborted)
     // and freed the memory: for this rank, the peer is gone from the exchange.
-    fail(op, error(ErrorCode::PeerLost, shm_op_name(op.kind),
-                   fmt::format("rank {} withdrew a {}-byte message before it was read (it failed "
-                               "or aborted)",
-                               peer.rank, op.bytes)));
+    matcher_.fail(
+        op, matcher_.error(
+                ErrorCode::PeerLost, matcher_.op_name(op.kind),
+                fmt::format("rank {} withdrew a {}-byte message before it was read (it failed "
+                            "or aborted)",
+                            peer.rank, op.bytes)));
   } else {
-    fail(op, error(ErrorCode::Io, shm_op_name(op.kind),
-                   fmt::format("reading {} bytes from rank {} (process {}) failed: {}", op.bytes,
-                               peer.rank, peer.pid, std::strerror(err))));
+    matcher_.fail(
+        op, matcher_.error(ErrorCode::Io, matcher_.op_name(op.kind),
+                           fmt::format("reading {} bytes from rank {} (process {}) failed: {}",
+                                       op.bytes, peer.rank, peer.pid, std::strerror(err))));
   }
 }
 
@@ -662,14 +519,14 @@ bool ShmTransport::absorb_single_copy() {
     if (!peer || peer->lost) continue;
     for (Unexpected& message : peer->unexpected) {
       if (!message.single_copy) continue;
-      const size_t charge = unexpected_charge(message.size);
-      if (peer->unexpected_bytes - message.charge + charge > options_.unexpected_limit &&
+      const size_t charge = MessageMatcher::unexpected_charge(message.size);
+      if (peer->unexpected_bytes - message.charge + charge > matcher_.unexpected_limit() &&
           peer->unexpected.size() > 1) {
         continue;  // over the limit: the sender waits for the receive, as a paused ring would
       }
-      detail::Buffer buffer = pool_.acquire(message.size);
+      backends::PooledBuffer buffer = matcher_.pool().acquire(message.size);
       if (read_remote(peer->pid, buffer.data.get(), message.address, message.size) != 0) {
-        pool_.release(std::move(buffer));
+        matcher_.pool().release(std::move(buffer));
         continue;  // the receive, once posted, reads it again and reports the error
       }
       peer->unexpected_bytes += charge - message.charge;
@@ -695,13 +552,6 @@ void ShmTransport::send_ack(Peer& peer, uint64_t sender_op) {
   peer.sends.push_back(ack.get());
   peer.orphans.push_back(std::move(ack));
   pump_writes(peer);
-}
-
-void ShmTransport::complete(Op& op) { op.finished = true; }
-
-void ShmTransport::fail(Op& op, Error error) {
-  op.finished = true;
-  op.error = std::move(error);
 }
 
 }  // namespace weft::tcp

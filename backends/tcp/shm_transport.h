@@ -34,7 +34,8 @@
 // posted, or until this rank is about to sleep, when it is copied into a pooled buffer and
 // acknowledged, so that ranks that both send before they receive still complete.
 //
-// Matching follows transport.h: per peer, an arriving header is matched against the posted
+// Matching follows transport.h and is the MessageMatcher's (backends/common/message_matcher.h),
+// shared with the TCP transport: per peer, an arriving header is matched against the posted
 // receives from that peer in posting order; without one, the message is unexpected and copied
 // into a buffer from a pool (never allocated per message once warm), bounded per peer by
 // Options::unexpected_limit: past it, reading from that peer pauses (the ring fills and the
@@ -65,23 +66,20 @@
 // passed to send/recv are borrowed until their request completes or its wait() throws.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "weft/error.h"
 #include "weft/store.h"
 
+#include "backends/common/message_matcher.h"
 #include "backends/tcp/doorbell.h"
 #include "backends/tcp/shm_segment.h"
-#include "backends/tcp/tcp_peer.h"
 #include "collectives/transport.h"
 #include "runtime/socket.h"
 
@@ -124,8 +122,8 @@ class ShmTransport final : public collectives::Transport {
   ShmTransport(const ShmTransport&) = delete;
   ShmTransport& operator=(const ShmTransport&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int rank() const override { return matcher_.rank(); }
+  int size() const override { return matcher_.size(); }
   // SharedMemory for the peers served here, Self for this rank; Error(InvalidArgument) else.
   collectives::Link link(int peer) const override;
   bool serves(int peer) const;
@@ -148,17 +146,13 @@ class ShmTransport final : public collectives::Transport {
   uint64_t sleeps() const { return bell_ ? bell_->sleeps() : 0; }
 
  private:
-  using Op = detail::Op;
+  using Op = backends::Op;
   using Peer = detail::ShmPeer;
 
   void setup(Store& store, std::vector<net::Socket> control);
-  Op& post(int peer, detail::OpKind kind, collectives::Tag tag, size_t bytes);
+  Op& post(int peer, backends::OpKind kind, collectives::Tag tag, size_t bytes);
+  // Posts a receive with the matcher; reads a single-copy message it matched.
   void match_posted_recv(Peer& peer, Op& op);
-  // Picks where the current incoming message's payload goes (a receive, a pooled buffer, or
-  // nowhere), or pauses; returns false when paused.
-  bool start_payload(Peer& peer);
-  void deliver(Op& op, const std::byte* src, size_t n);
-  void finish_message(Peer& peer);
   bool pump_writes(Peer& peer);
   bool pump_reads(Peer& peer);
   bool progress();
@@ -178,30 +172,18 @@ class ShmTransport final : public collectives::Transport {
   // any. Called when this rank is about to sleep: a program that sends before it receives on both
   // sides (legal with buffered sends) must not deadlock on single copy.
   bool absorb_single_copy();
-  void complete(Op& op);
-  void fail(Op& op, Error error);
   void withdraw(Op& op);
   void handle_abort();
-  Error error(ErrorCode code, const char* op, const std::string& detail) const;
 
-  const int rank_;
-  const int size_;
   const Options options_;
+  backends::MessageMatcher matcher_;          // requests, matching, unexpected messages' buffers
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null where not served
   std::optional<ShmSegment> segment_;         // this rank's: its doorbell and incoming rings
   std::optional<Doorbell> bell_;
   std::chrono::nanoseconds spin_budget_{0};
-  std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // live requests by id
-  uint64_t next_id_ = 1;
-  detail::BufferPool pool_;
-  detail::Buffer staging_;  // recv_reduce of single-copy messages: read a piece, reduce it
+  backends::PooledBuffer staging_;  // recv_reduce of single-copy messages: read a piece, reduce it
   collectives::Clock::time_point next_liveness_check_{};
   uint64_t losses_ = 0;  // peers lost so far: wakes idle()
-
-  std::atomic<bool> aborted_{false};
-  bool abort_handled_ = false;  // owner thread only
-  std::mutex abort_mutex_;
-  std::string abort_reason_;  // guarded by abort_mutex_
 };
 
 }  // namespace weft::tcp

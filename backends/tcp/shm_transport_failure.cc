@@ -12,9 +12,8 @@
 
 namespace weft::tcp {
 
+using backends::OpKind;
 using collectives::Clock;
-using detail::OpKind;
-using detail::Unexpected;
 
 namespace {
 // How long withdrawing a single-copy send waits for the peer to have read it.
@@ -46,41 +45,29 @@ void ShmTransport::lose_peer(Peer& peer, const std::string& why) {
   if (peer.lost) return;
   // After abort(), this rank's own shutdown of the connections reads as a hang-up: what the
   // caller must act on is the abort, not a peer that only looks lost.
-  if (aborted_.load()) {
+  if (matcher_.aborted()) {
     handle_abort();
     return;
   }
   // What it committed before going stays readable in this rank's segment: take all of it first.
-  // Marked lost already, so that start_payload() buffers past the unexpected limit: what is left
-  // is bounded by the ring, and holding it back would only turn messages into failures.
+  // Marked lost (and draining) already, so that the matcher buffers past the unexpected limit:
+  // what is left is bounded by the ring, and holding it back would only turn messages into
+  // failures.
   peer.lost = true;
+  peer.draining = true;
   peer.lost_reason = why;
   while (pump_reads(peer)) {
   }
   ++losses_;
-  Error lost =
-      error(ErrorCode::PeerLost, "shm transport", fmt::format("rank {} {}", peer.rank, why));
-  for (Op* op : peer.sends) {
-    if (op->id != 0) fail(*op, lost);
-  }
-  peer.sends.clear();
   for (Op* op : peer.awaiting_ack) {
-    if (op->id != 0) fail(*op, lost);
+    if (op->id != 0) {
+      matcher_.fail(*op, matcher_.error(ErrorCode::PeerLost, matcher_.op_name(op->kind),
+                                        fmt::format("rank {} {} (a single-copy send not yet read)",
+                                                    peer.rank, why)));
+    }
   }
   peer.awaiting_ack.clear();
-  peer.orphans.clear();
-  for (Op* op : peer.recvs) fail(*op, lost);
-  peer.recvs.clear();
-  if (peer.in_op != nullptr) fail(*peer.in_op, lost);
-  peer.in_op = nullptr;
-  if (peer.in_unexpected != nullptr) {
-    Unexpected& partial = *peer.in_unexpected;
-    peer.unexpected_bytes -= partial.charge;
-    pool_.release(std::move(partial.buffer));
-    peer.unexpected.remove_if([&](const Unexpected& u) { return &u == &partial; });
-    peer.in_unexpected = nullptr;
-  }
-  peer.in_state = detail::InState::Header;
+  matcher_.fail_peer(peer, why);
 }
 
 void ShmTransport::withdraw(Op& op) {
@@ -94,7 +81,7 @@ void ShmTransport::withdraw(Op& op) {
     if (std::find(peer.awaiting_ack.begin(), peer.awaiting_ack.end(), &op) !=
         peer.awaiting_ack.end()) {
       const Clock::time_point until = Clock::now() + kWithdrawWait;
-      while (!op.finished && !peer.lost && !aborted_.load() && Clock::now() < until) {
+      while (!op.finished && !peer.lost && !matcher_.aborted() && Clock::now() < until) {
         progress();
         check_peers(false);
         if (op.finished || peer.lost) break;
@@ -105,12 +92,7 @@ void ShmTransport::withdraw(Op& op) {
       return;
     }
     auto it = std::find(peer.sends.begin(), peer.sends.end(), &op);
-    if (it == peer.sends.end()) return;
-    if (op.header_done == 0) {
-      peer.sends.erase(it);
-      return;
-    }
-    if (op.single_copy) {
+    if (it != peer.sends.end() && op.header_done > 0 && op.single_copy) {
       // The header is out, the descriptor not yet: send one pointing at a copy the orphan owns,
       // kept until the peer acknowledges it.
       auto orphan = std::make_unique<Op>();
@@ -125,34 +107,12 @@ void ShmTransport::withdraw(Op& op) {
       peer.orphans.push_back(std::move(orphan));
       return;
     }
-    // Partly in the ring: the peer expects the rest, so finish it from a copy that the caller
-    // cannot free under us. An orphan has id 0.
-    auto orphan = std::make_unique<Op>();
-    orphan->peer = op.peer;
-    orphan->header = op.header;
-    orphan->header_done = op.header_done;
-    orphan->owned.assign(op.src + op.done, op.src + op.bytes);
-    orphan->src = orphan->owned.data();
-    orphan->bytes = orphan->owned.size();
-    *it = orphan.get();
-    peer.orphans.push_back(std::move(orphan));
-    return;
   }
-  if (peer.in_op == &op) {
-    peer.in_op = nullptr;  // the rest of this message is consumed and discarded
-    return;
-  }
-  auto it = std::find(peer.recvs.begin(), peer.recvs.end(), &op);
-  if (it != peer.recvs.end()) peer.recvs.erase(it);
+  matcher_.withdraw(peer, op);
 }
 
 void ShmTransport::abort(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(abort_mutex_);
-    if (aborted_.load()) return;
-    abort_reason_ = reason.empty() ? std::string("aborted") : reason;
-    aborted_.store(true);
-  }
+  if (!matcher_.mark_aborted(reason)) return;
   // Peers poll these sockets: a shut-down connection tells them within a slice, rather than at
   // their deadline. shutdown() leaves the descriptor open, so the owner thread's polls are safe.
   for (auto& peer : peers_) {
@@ -162,25 +122,11 @@ void ShmTransport::abort(const std::string& reason) {
 }
 
 void ShmTransport::handle_abort() {
-  if (abort_handled_ || !aborted_.load()) return;
-  abort_handled_ = true;
-  std::string reason;
-  {
-    std::lock_guard<std::mutex> lock(abort_mutex_);
-    reason = abort_reason_;
-  }
-  for (auto& [id, op] : ops_) {
-    if (!op->finished) fail(*op, error(ErrorCode::Aborted, "shm transport", reason));
-  }
+  if (!matcher_.handle_abort()) return;
   for (auto& peer : peers_) {
     if (!peer) continue;
-    peer->sends.clear();
     peer->awaiting_ack.clear();
-    peer->recvs.clear();
-    peer->orphans.clear();
-    peer->in_op = nullptr;
-    peer->lost = true;
-    peer->lost_reason = "is unreachable: this rank aborted";
+    matcher_.clear_aborted(*peer);
   }
 }
 

@@ -18,14 +18,13 @@
 namespace weft::tcp {
 namespace {
 
+using backends::InState;
+using backends::MessageMatcher;
+using backends::OpKind;
+using backends::WireHeader;
 using collectives::Clock;
 using collectives::Tag;
-using detail::InState;
-using detail::op_name;
-using detail::OpKind;
-using detail::tag_text;
-using detail::Unexpected;
-using detail::WireHeader;
+using collectives::tag_text;
 
 constexpr uint64_t kWakeupKey = ~uint64_t{0};
 // Most sends gathered into one sendmsg(): enough to batch a burst of small messages, well under
@@ -35,9 +34,13 @@ constexpr size_t kMaxGatheredSends = 32;
 // A header announcing more is corrupt, not a message: no host holds 1 TiB for one receive.
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
 
-// What an unexpected message counts against the limit: its buffer, and its list node and
-// bookkeeping (~64 bytes), so that a flood of tiny messages is bounded in memory too.
-size_t unexpected_charge(uint64_t bytes) { return detail::BufferPool::capacity_for(bytes) + 64; }
+MessageMatcher::Options matcher_options(const TcpTransport::Options& options) {
+  MessageMatcher::Options matcher;
+  matcher.transport = "tcp";
+  matcher.group_name = options.group_name;
+  matcher.unexpected_limit = options.unexpected_limit;
+  return matcher;
+}
 
 }  // namespace
 
@@ -45,20 +48,22 @@ TcpTransport::TcpTransport(TcpMesh&& mesh, Options options)
     : TcpTransport(mesh.rank(), mesh.size(), mesh.take_sockets(), std::move(options)) {}
 
 TcpTransport::TcpTransport(int rank, int size, std::vector<net::Socket> sockets, Options options)
-    : rank_(rank), size_(size), options_(std::move(options)), pool_(options_.unexpected_limit) {
+    : options_(std::move(options)), matcher_(rank, size, matcher_options(options_)) {
   if (size < 1 || rank < 0 || rank >= size || sockets.size() != static_cast<size_t>(size)) {
-    throw error(ErrorCode::InvalidArgument, "tcp transport",
-                fmt::format("needs 0 <= rank < size and one socket slot per rank ({} given)",
-                            sockets.size()));
+    throw matcher_.error(
+        ErrorCode::InvalidArgument, "tcp transport",
+        fmt::format("needs 0 <= rank < size and one socket slot per rank ({} given)",
+                    sockets.size()));
   }
   if (options_.staging_bytes < 64) {
-    throw error(ErrorCode::InvalidArgument, "tcp transport", "staging_bytes must be >= 64");
+    throw matcher_.error(ErrorCode::InvalidArgument, "tcp transport",
+                         "staging_bytes must be >= 64");
   }
   epoll_ = net::Socket(epoll_create1(EPOLL_CLOEXEC));
   wakeup_ = net::Socket(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!epoll_.valid() || !wakeup_.valid()) {
-    throw error(ErrorCode::Io, "tcp transport",
-                fmt::format("epoll/eventfd: {}", std::strerror(errno)));
+    throw matcher_.error(ErrorCode::Io, "tcp transport",
+                         fmt::format("epoll/eventfd: {}", std::strerror(errno)));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -75,8 +80,8 @@ TcpTransport::TcpTransport(int rank, int size, std::vector<net::Socket> sockets,
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
     ev.data.u64 = static_cast<uint64_t>(r);
     if (epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, peer->socket.fd(), &ev) != 0) {
-      throw error(ErrorCode::Io, "tcp transport",
-                  fmt::format("epoll_ctl for rank {}: {}", r, std::strerror(errno)));
+      throw matcher_.error(ErrorCode::Io, "tcp transport",
+                           fmt::format("epoll_ctl for rank {}: {}", r, std::strerror(errno)));
     }
     peers_[r] = std::move(peer);
   }
@@ -87,43 +92,23 @@ TcpTransport::TcpTransport(int rank, int size, std::vector<net::Socket> sockets,
 
 TcpTransport::~TcpTransport() = default;
 
-Error TcpTransport::error(ErrorCode code, const char* op, const std::string& detail) const {
-  ErrorContext context;
-  context.rank = rank_;
-  context.size = size_;
-  context.group = options_.group_name;
-  context.op = op;
-  return Error(code, context, detail);
-}
-
 collectives::Link TcpTransport::link(int peer) const {
-  if (peer == rank_) return collectives::Link::Self;
-  if (peer < 0 || peer >= size_ || !peers_[peer]) {
-    throw error(ErrorCode::InvalidArgument, "tcp link",
-                fmt::format("rank {} has no TCP connection here", peer));
+  if (peer == matcher_.rank()) return collectives::Link::Self;
+  if (peer < 0 || peer >= matcher_.size() || !peers_[peer]) {
+    throw matcher_.error(ErrorCode::InvalidArgument, "tcp link",
+                         fmt::format("rank {} has no TCP connection here", peer));
   }
   return collectives::Link::Tcp;
 }
 
 TcpTransport::Op& TcpTransport::post(int peer, OpKind kind, Tag tag, size_t bytes) {
-  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer]) {
-    throw error(ErrorCode::InvalidArgument, op_name(kind),
-                fmt::format("peer {} is not another rank with a TCP connection here", peer));
+  if (peer < 0 || peer >= matcher_.size() || peer == matcher_.rank() || !peers_[peer]) {
+    throw matcher_.error(
+        ErrorCode::InvalidArgument, matcher_.op_name(kind),
+        fmt::format("peer {} is not another rank with a TCP connection here", peer));
   }
   handle_abort();
-  auto owned = std::make_unique<Op>();
-  Op& op = *owned;
-  op.id = next_id_++;
-  op.peer = peer;
-  op.kind = kind;
-  op.tag = tag;
-  op.bytes = bytes;
-  ops_.emplace(op.id, std::move(owned));
-  if (abort_handled_) {
-    std::lock_guard<std::mutex> lock(abort_mutex_);
-    fail(op, error(ErrorCode::Aborted, op_name(kind), abort_reason_));
-  }
-  return op;
+  return matcher_.post(peer, kind, tag, bytes);
 }
 
 collectives::Request TcpTransport::send(int peer, const void* data, size_t bytes, Tag tag) {
@@ -131,8 +116,8 @@ collectives::Request TcpTransport::send(int peer, const void* data, size_t bytes
   if (op.finished) return {op.id};
   Peer& p = *peers_[peer];
   if (p.lost) {
-    fail(op,
-         error(ErrorCode::PeerLost, "tcp send", fmt::format("rank {} {}", peer, p.lost_reason)));
+    matcher_.fail(op, matcher_.error(ErrorCode::PeerLost, "tcp send",
+                                     fmt::format("rank {} {}", peer, p.lost_reason)));
     return {op.id};
   }
   op.src = static_cast<const uint8_t*>(data);
@@ -147,7 +132,7 @@ collectives::Request TcpTransport::send(int peer, const void* data, size_t bytes
 collectives::Request TcpTransport::recv(int peer, void* data, size_t bytes, Tag tag) {
   Op& op = post(peer, OpKind::Recv, tag, bytes);
   op.dst = static_cast<uint8_t*>(data);
-  if (!op.finished) match_posted_recv(*peers_[peer], op);
+  if (!op.finished) matcher_.match_posted_recv(*peers_[peer], op);
   return {op.id};
 }
 
@@ -156,115 +141,28 @@ collectives::Request TcpTransport::recv_reduce(int peer, void* dst, size_t count
   reduce::check_supported(dtype, reduce_op);
   size_t element = dtype_size(dtype);
   if (count > SIZE_MAX / element) {
-    throw error(ErrorCode::InvalidArgument, "tcp recv_reduce",
-                fmt::format("{} elements of {} overflow size_t", count, dtype_name(dtype)));
+    throw matcher_.error(
+        ErrorCode::InvalidArgument, "tcp recv_reduce",
+        fmt::format("{} elements of {} overflow size_t", count, dtype_name(dtype)));
   }
   Op& op = post(peer, OpKind::RecvReduce, tag, count * element);
   op.dst = static_cast<uint8_t*>(dst);
   op.dtype = dtype;
   op.reduce_op = reduce_op;
   op.element = element;
-  if (!op.finished) match_posted_recv(*peers_[peer], op);
+  if (!op.finished) matcher_.match_posted_recv(*peers_[peer], op);
   return {op.id};
 }
 
-void TcpTransport::match_posted_recv(Peer& peer, Op& op) {
-  auto mismatch = [&](size_t arrived) {
-    return error(ErrorCode::Protocol, op_name(op.kind),
-                 fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
-                             peer.rank, arrived, tag_text(op.tag), op.bytes));
-  };
-  for (auto it = peer.unexpected.begin(); it != peer.unexpected.end(); ++it) {
-    if (it->tag != op.tag) continue;
-    Unexpected& u = *it;
-    bool in_flight = peer.in_unexpected == &u;
-    if (u.size != op.bytes) {
-      fail(op, mismatch(u.size));
-    } else {
-      deliver(op, u.buffer.data.get(), u.got);
-      if (!in_flight) complete(op);
-    }
-    if (in_flight) {
-      peer.in_unexpected = nullptr;  // the rest goes to op, or nowhere after a mismatch
-      if (!op.finished) peer.in_op = &op;
-    }
-    peer.unexpected_bytes -= u.charge;
-    pool_.release(std::move(u.buffer));
-    peer.unexpected.erase(it);
-    if (peer.in_state == InState::Paused) on_header(peer);  // the freed room may let it in
-    return;
-  }
-  if (peer.in_state == InState::Paused && peer.in_header.tag == op.tag) {
-    peer.recvs.push_front(&op);  // on_header takes the first posted receive with the tag
-    on_header(peer);
-    return;
-  }
-  if (peer.lost) {
-    fail(op, error(ErrorCode::PeerLost, op_name(op.kind),
-                   fmt::format("rank {} {}", peer.rank, peer.lost_reason)));
-    return;
-  }
-  peer.recvs.push_back(&op);
-}
-
-void TcpTransport::deliver(Op& op, const uint8_t* src, size_t n) {
-  if (op.kind == OpKind::Recv) {
-    if (n > 0 && src != op.dst + op.done) std::memcpy(op.dst + op.done, src, n);
-    op.done += n;
-    return;
-  }
-  size_t whole = n / op.element * op.element;
-  reduce::accumulate(op.dst + op.done, src, whole / op.element, op.dtype, op.reduce_op);
-  op.done += whole;
-  op.carry_len = n - whole;
-  std::memcpy(op.carry, src + whole, op.carry_len);
-}
-
 void TcpTransport::on_header(Peer& peer) {
+  peer.in_header_got = 0;  // the header is whole in in_header: the next one starts afresh
   const WireHeader& h = peer.in_header;
   if (h.bytes > kMaxMessageBytes) {
     lose_peer(peer,
               fmt::format("sent a corrupt header ({} bytes with {})", h.bytes, tag_text(h.tag)));
     return;
   }
-  peer.in_op = nullptr;
-  peer.in_unexpected = nullptr;
-  peer.in_left = h.bytes;
-  peer.in_state = InState::Payload;
-  auto posted = std::find_if(peer.recvs.begin(), peer.recvs.end(),
-                             [&](const Op* op) { return op->tag == h.tag; });
-  if (posted != peer.recvs.end()) {
-    Op& op = **posted;
-    peer.recvs.erase(posted);
-    if (op.bytes != h.bytes) {
-      fail(op, error(ErrorCode::Protocol, op_name(op.kind),
-                     fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
-                                 peer.rank, h.bytes, tag_text(h.tag), op.bytes)));
-    } else {
-      peer.in_op = &op;
-    }
-  } else if (!peer.hung_up &&
-             peer.unexpected_bytes + unexpected_charge(h.bytes) > options_.unexpected_limit) {
-    peer.in_state = InState::Paused;
-    return;
-  } else {
-    Unexpected& u = peer.unexpected.emplace_back();
-    u.tag = h.tag;
-    u.size = h.bytes;
-    u.charge = unexpected_charge(h.bytes);
-    u.buffer = pool_.acquire(h.bytes);
-    peer.unexpected_bytes += u.charge;
-    peer.in_unexpected = &u;
-  }
-  if (peer.in_left == 0) finish_message(peer);
-}
-
-void TcpTransport::finish_message(Peer& peer) {
-  if (peer.in_op) complete(*peer.in_op);
-  peer.in_op = nullptr;
-  peer.in_unexpected = nullptr;
-  peer.in_state = InState::Header;
-  peer.in_header_got = 0;
+  matcher_.start_payload(peer);
 }
 
 size_t TcpTransport::read_payload(Peer& peer) {
@@ -302,11 +200,11 @@ size_t TcpTransport::read_payload(Peer& peer) {
   peer.in_left -= got;
   if (op) {
     op->carry_len = 0;
-    deliver(*op, op->kind == OpKind::Recv ? dst : staging_.get(), staged + got);
+    MessageMatcher::deliver(*op, op->kind == OpKind::Recv ? dst : staging_.get(), staged + got);
   } else if (peer.in_unexpected) {
     peer.in_unexpected->got += got;
   }
-  if (peer.in_left == 0) finish_message(peer);
+  if (peer.in_left == 0) matcher_.finish_message(peer);
   return got;
 }
 
@@ -314,8 +212,8 @@ bool TcpTransport::pump_reads(Peer& peer) {
   bool moved = false;
   while (peer.readable && !peer.lost) {
     if (peer.in_state == InState::Paused) {
-      if (!peer.hung_up) break;
-      on_header(peer);  // buffers it now
+      if (!peer.draining) break;
+      matcher_.start_payload(peer);  // buffers it now
       continue;
     }
     if (peer.in_state == InState::Payload) {
@@ -382,23 +280,10 @@ bool TcpTransport::pump_writes(Peer& peer) {
       left -= payload;
       if (op.header_done < sizeof(WireHeader) || op.done < op.bytes) break;
       peer.sends.pop_front();
-      complete(op);
+      matcher_.sent(peer, op);
     }
   }
   return moved;
-}
-
-void TcpTransport::complete(Op& op) {
-  op.finished = true;
-  if (op.id != 0) return;
-  // An orphan (withdrawn send) whose copy is now written: nobody waits for it.
-  auto& orphans = peers_[op.peer]->orphans;
-  std::erase_if(orphans, [&](const std::unique_ptr<Op>& o) { return o.get() == &op; });
-}
-
-void TcpTransport::fail(Op& op, Error e) {
-  op.finished = true;
-  op.error.emplace(std::move(e));
 }
 
 bool TcpTransport::progress() {
@@ -423,40 +308,17 @@ void TcpTransport::wait_for_events(Clock::time_point deadline) {
     uint32_t e = events[i].events;
     // Errors and hang-ups are found by the next read or write, which reports them properly.
     if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) peer.readable = true;
-    if (e & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) peer.hung_up = true;
+    if (e & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) peer.draining = true;  // it hung up
     if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR)) peer.writable = true;
   }
 }
 
 void TcpTransport::wait(collectives::Request request, Clock::time_point deadline) {
-  auto it = ops_.find(request.id);
-  if (it == ops_.end()) {
-    throw error(
-        ErrorCode::InvalidArgument, "tcp wait",
-        fmt::format("request {} is not pending (never posted, or already waited for)", request.id));
-  }
-  Op& op = *it->second;
+  Op& op = matcher_.pending(request, "tcp wait");
   for (;;) {
     handle_abort();
-    bool moved = !op.finished && progress();
-    if (op.finished) {
-      std::unique_ptr<Op> done = std::move(it->second);
-      ops_.erase(it);
-      if (done->error) throw *done->error;
-      return;
-    }
-    if (Clock::now() >= deadline) {
-      std::string detail =
-          op.kind == OpKind::Send
-              ? fmt::format("send to rank {} ({}) still has {} of {} bytes to write", op.peer,
-                            tag_text(op.tag), op.bytes - op.done, op.bytes)
-              : fmt::format("nothing complete from rank {} ({}): {} of {} bytes outstanding",
-                            op.peer, tag_text(op.tag), op.bytes - op.done, op.bytes);
-      Error timeout = error(ErrorCode::Timeout, op_name(op.kind), detail);
-      withdraw(op);
-      ops_.erase(it);
-      throw timeout;
-    }
+    const bool moved = !op.finished && progress();
+    if (matcher_.settle(op, deadline, [&] { withdraw(op); })) return;
     // Sleep only when a pass moved nothing: every socket then returned EAGAIN (or is paused on
     // purpose), so edge-triggered epoll reports whatever changes next.
     if (!moved) wait_for_events(deadline);
@@ -464,19 +326,15 @@ void TcpTransport::wait(collectives::Request request, Clock::time_point deadline
 }
 
 bool TcpTransport::test(collectives::Request request) {
-  auto it = ops_.find(request.id);
-  if (it == ops_.end()) {
-    throw error(ErrorCode::InvalidArgument, "tcp test",
-                fmt::format("request {} is not pending", request.id));
-  }
+  Op& op = matcher_.pending(request, "tcp test");
   handle_abort();
-  if (!it->second->finished) {
+  if (!op.finished) {
     // Readiness is edge-triggered and only epoll reports new edges: collect them first, without
     // blocking, or a socket that once returned EAGAIN would never be read again by test() alone.
     wait_for_events(Clock::now());
     progress();
   }
-  return it->second->finished;
+  return op.finished;
 }
 
 }  // namespace weft::tcp

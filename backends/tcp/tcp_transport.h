@@ -41,8 +41,12 @@
 // A send completes when its last byte is in the kernel's socket buffer: the caller may reuse
 // the buffer then; it says nothing about the peer having received it.
 //
-// Costs: unexpected messages are copied once and their buffers come from a pool (BufferPool in
-// tcp_peer.h), so a late receiver does not pay first-touch page faults per message. A message
+// Matching, the unexpected limit, withdrawing and the failure wording are the MessageMatcher's
+// (backends/common/message_matcher.h), shared with the shared-memory transport; this file is the
+// byte pump.
+//
+// Costs: unexpected messages are copied once and their buffers come from a pool (UnexpectedPool),
+// so a late receiver does not pay first-touch page faults per message. A message
 // costs the receiver two recv() calls (header, then payload); for floods of tiny messages a
 // read-ahead buffer would halve that, which matters less than it seems here: collectives send
 // few, large messages per step.
@@ -52,24 +56,35 @@
 // their request completes or its wait() throws.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "weft/error.h"
 
-#include "backends/tcp/tcp_peer.h"
+#include "backends/common/message_matcher.h"
+#include "backends/common/pending_message.h"
 #include "collectives/transport.h"
 #include "runtime/socket.h"
 
 namespace weft::tcp {
 
 class TcpMesh;
+
+namespace detail {
+
+// One connection and everything queued on it.
+struct TcpPeer : backends::PeerQueues {
+  net::Socket socket;
+  // Edge-triggered readiness: set by epoll events, cleared when a call returns EAGAIN.
+  bool readable = true;
+  bool writable = true;
+  size_t in_header_got = 0;  // bytes of in_header read so far
+};
+
+}  // namespace detail
 
 class TcpTransport final : public collectives::Transport {
  public:
@@ -93,8 +108,8 @@ class TcpTransport final : public collectives::Transport {
   TcpTransport(const TcpTransport&) = delete;
   TcpTransport& operator=(const TcpTransport&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int rank() const override { return matcher_.rank(); }
+  int size() const override { return matcher_.size(); }
   collectives::Link link(int peer) const override;
 
   // Throw Error(InvalidArgument) for a peer out of range, this rank, or a peer without a
@@ -110,51 +125,32 @@ class TcpTransport final : public collectives::Transport {
   void abort(const std::string& reason) override;
 
  private:
-  using Op = detail::Op;
-  using Peer = detail::Peer;
+  using Op = backends::Op;
+  using Peer = detail::TcpPeer;
 
   // Checks the peer and registers a request; fails it at once after abort().
-  Op& post(int peer, detail::OpKind kind, collectives::Tag tag, size_t bytes);
-  // Matches a freshly posted receive against what already arrived from its peer.
-  void match_posted_recv(Peer& peer, Op& op);
+  Op& post(int peer, backends::OpKind kind, collectives::Tag tag, size_t bytes);
   // Moves bytes on one peer's socket until it would block; returns true if anything moved.
   bool pump_writes(Peer& peer);
   bool pump_reads(Peer& peer);
   // Handles a complete incoming header: picks where its payload goes.
   void on_header(Peer& peer);
-  // Moves n payload bytes at src into a receive (copy, or reduce whole elements and carry the
-  // rest). REQUIRES: n <= bytes still owed to op; op.carry_len == 0 for a reduce.
-  void deliver(Op& op, const uint8_t* src, size_t n);
   // Reads the current message's payload once; returns bytes read, 0 on EAGAIN or loss.
   size_t read_payload(Peer& peer);
-  // Called when the current message's payload is all read.
-  void finish_message(Peer& peer);
   // One pass over every peer, both directions; true when any bytes moved.
   bool progress();
   void wait_for_events(collectives::Clock::time_point deadline);
-  void complete(Op& op);
-  void fail(Op& op, Error error);
   void lose_peer(Peer& peer, const std::string& why);
   // Withdraws a pending op after its wait() timed out, keeping the byte stream consistent.
   void withdraw(Op& op);
   void handle_abort();
-  Error error(ErrorCode code, const char* op, const std::string& detail) const;
 
-  const int rank_;
-  const int size_;
   const Options options_;
+  backends::MessageMatcher matcher_;          // requests, matching, unexpected messages' buffers
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null for unconnected ranks
-  std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // live requests by id
-  uint64_t next_id_ = 1;
   std::unique_ptr<uint8_t[]> staging_;
-  detail::BufferPool pool_;  // unexpected messages' buffers
   net::Socket epoll_;
   net::Socket wakeup_;  // eventfd that abort() writes
-
-  std::atomic<bool> aborted_{false};
-  bool abort_handled_ = false;  // owner thread only
-  std::mutex abort_mutex_;
-  std::string abort_reason_;  // guarded by abort_mutex_
 };
 
 }  // namespace weft::tcp

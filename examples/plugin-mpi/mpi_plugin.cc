@@ -1,6 +1,7 @@
 // mpi_plugin.cc: a weft backend plugin over MPI (built and tested with Open MPI 4.1), named "mpi",
-// serving the CPU. It uses weft's C plugin ABI only (weft/plugin.h, weft/c_types.h) and does not
-// link libweft. docs/plugin-guide.md walks through it; README.md says how to build and run it.
+// serving the CPU. It uses weft's C plugin ABI only (weft/plugin.h, weft/c_types.h), plus the
+// header-only float16/bfloat16 conversions of weft/half.h, and does not link libweft.
+// docs/plugin-guide.md walks through it; README.md says how to build and run it.
 //
 // How it runs. Each weft group that asks for "cpu:mpi" gets a Context: an MPI communicator over
 // the group's ranks, made with MPI_Comm_create_group from MPI_COMM_WORLD (so weft's world ranks
@@ -83,6 +84,7 @@
 #include <vector>
 
 #include "weft/c_types.h"
+#include "weft/half.h"
 #include "weft/plugin.h"
 
 namespace {
@@ -212,55 +214,15 @@ MPI_Datatype bits_type(size_t size) {
   }
 }
 
-// ---- float16 and bfloat16, to and from float; from float rounds to nearest, ties to even.
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t fraction = h & 0x3ffu;
-  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (fraction << 13));
-  if (exponent == 0) {  // zero or a denormal, fraction * 2^-24: exact in float
-    const float magnitude = std::ldexp(static_cast<float>(fraction), -24);
-    return sign ? -magnitude : magnitude;
-  }
-  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (fraction << 13));
-}
-
-uint16_t float_to_half(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  // NaN stays a quiet NaN with its top payload bits.
-  if (magnitude > 0x7f800000u) return sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu);
-  // From 65520 (half way between 65504, the largest half, and 2^16) up: infinity.
-  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;
-  if (magnitude < 0x38800000u) {
-    // Below 2^-14: a multiple of 2^-24 (a denormal, or 0x400, the smallest normal). Scaling by
-    // 2^24 is exact, and nearbyint rounds to nearest even in the default rounding mode.
-    const float steps = std::bit_cast<float>(magnitude) * 16777216.0f;
-    return sign | static_cast<uint16_t>(std::nearbyint(steps));
-  }
-  // Rebias the exponent (127 - 15 = 112) and round the 13 dropped bits to nearest even; a carry
-  // into the exponent is exactly right.
-  const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
-  return sign | static_cast<uint16_t>((rounded >> 13) - (112u << 10));
-}
-
-float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
-
-uint16_t float_to_bf16(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
+// ---- float16 and bfloat16: weft's own conversions (weft/half.h), round to nearest even.
 
 struct Half {
-  static float load(uint16_t v) { return half_to_float(v); }
-  static uint16_t store(float v) { return float_to_half(v); }
+  static float load(uint16_t v) { return weft::half_to_float(v); }
+  static uint16_t store(float v) { return weft::float_to_half(v); }
 };
 struct BFloat {
-  static float load(uint16_t v) { return bf16_to_float(v); }
-  static uint16_t store(float v) { return float_to_bf16(v); }
+  static float load(uint16_t v) { return weft::bf16_to_float(v); }
+  static uint16_t store(float v) { return weft::float_to_bf16(v); }
 };
 
 // ---- User-defined MPI ops: the element functions of runtime/reduce.h, for float and double.

@@ -8,8 +8,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "weft/half.h"
+
 #include "fsdp/kit/check.h"
-#include "runtime/half.h"
 
 namespace weft::kit {
 

@@ -16,8 +16,7 @@
 #include <fmt/ranges.h>
 
 #include "weft/error.h"
-
-#include "runtime/half.h"
+#include "weft/half.h"
 
 namespace weft::train {
 namespace {

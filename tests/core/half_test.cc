@@ -1,6 +1,6 @@
 // runtime/half.h against the format-generic reference in reference.h: every half and bfloat16
 // bit pattern one way, every rounding boundary and a sweep of floats the other way.
-#include "runtime/half.h"
+#include "weft/half.h"
 
 #include <bit>
 #include <cmath>

@@ -1,4 +1,4 @@
-// runtime/half.h: float16 and bfloat16 conversions to and from float, in software.
+// weft/half.h: float16 and bfloat16 conversions to and from float, in software.
 //
 // Conversions to float are exact. Conversions from float round to nearest, ties to even, as IEEE
 // 754 requires: values past the largest finite half (65504; bfloat16: about 3.39e38) that round

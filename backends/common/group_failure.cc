@@ -1,0 +1,34 @@
+#include "backends/common/group_failure.h"
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/log.h"
+
+namespace weft::backends {
+
+void GroupFailure::record(const ErrorContext& context, const std::string& what) {
+  try {
+    std::string text = fmt::format("rank {}: {}", rank_, what);
+    store_->compare_set(kKey, std::vector<uint8_t>{},
+                        std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception& e) {
+    WEFT_LOG_DEBUG("{}: could not record the failure in the store: {}", context.describe(),
+                   e.what());
+  }
+}
+
+std::string GroupFailure::first() {
+  try {
+    if (!store_->check({kKey})) return {};
+    std::vector<uint8_t> value = store_->get(kKey, std::chrono::milliseconds(1000));
+    return std::string(value.begin(), value.end());
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
+}  // namespace weft::backends

@@ -1,0 +1,274 @@
+#include "backends/common/message_matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/reduce.h"
+
+namespace weft::backends {
+
+using collectives::Tag;
+using collectives::tag_text;
+
+MessageMatcher::MessageMatcher(int rank, int size, Options options)
+    : rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      names_{options_.transport + " send", options_.transport + " recv",
+             options_.transport + " recv_reduce"},
+      pool_(options_.unexpected_limit) {}
+
+Error MessageMatcher::error(ErrorCode code, const char* op, const std::string& detail) const {
+  ErrorContext context;
+  context.rank = rank_;
+  context.size = size_;
+  context.group = options_.group_name;
+  context.op = op;
+  return Error(code, context, detail);
+}
+
+Op& MessageMatcher::post(int peer, OpKind kind, Tag tag, size_t bytes) {
+  auto owned = std::make_unique<Op>();
+  Op& op = *owned;
+  op.id = next_id_++;
+  op.peer = peer;
+  op.kind = kind;
+  op.tag = tag;
+  op.bytes = bytes;
+  ops_.emplace(op.id, std::move(owned));
+  if (abort_handled_) {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    fail(op, error(ErrorCode::Aborted, op_name(kind), abort_reason_));
+  }
+  return op;
+}
+
+Op& MessageMatcher::pending(collectives::Request request, const char* what) {
+  auto it = ops_.find(request.id);
+  if (it == ops_.end()) {
+    throw error(
+        ErrorCode::InvalidArgument, what,
+        fmt::format("request {} is not pending (never posted, or already waited for)", request.id));
+  }
+  return *it->second;
+}
+
+void MessageMatcher::finish(Op& op) {
+  auto it = ops_.find(op.id);
+  std::unique_ptr<Op> done = std::move(it->second);
+  ops_.erase(it);
+  if (done->error) throw *done->error;
+}
+
+Error MessageMatcher::timeout_error(const Op& op) const {
+  std::string detail =
+      op.kind == OpKind::Send
+          ? fmt::format("send to rank {} ({}) still has {} of {} bytes to write", op.peer,
+                        tag_text(op.tag), op.bytes - op.done, op.bytes)
+          : fmt::format("nothing complete from rank {} ({}): {} of {} bytes outstanding", op.peer,
+                        tag_text(op.tag), op.bytes - op.done, op.bytes);
+  return error(ErrorCode::Timeout, op_name(op.kind), detail);
+}
+
+void MessageMatcher::sent(PeerQueues& peer, Op& op) {
+  if (op.id != 0) {
+    complete(op);
+    return;
+  }
+  // An orphan (a withdrawn send, or a transport's own control message) now fully written:
+  // nobody waits for it.
+  std::erase_if(peer.orphans, [&](const std::unique_ptr<Op>& o) { return o.get() == &op; });
+}
+
+std::optional<MessageMatcher::SingleCopyMatch> MessageMatcher::match_posted_recv(PeerQueues& peer,
+                                                                                 Op& op) {
+  for (auto it = peer.unexpected.begin(); it != peer.unexpected.end(); ++it) {
+    if (it->tag != op.tag) continue;
+    Unexpected& u = *it;
+    const bool arriving = peer.in_unexpected == &u;
+    if (u.size != op.bytes) {
+      fail(op, error(ErrorCode::Protocol, op_name(op.kind),
+                     fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
+                                 peer.rank, u.size, tag_text(op.tag), op.bytes)));
+    } else if (!u.single_copy) {
+      deliver(op, u.buffer.data.get(), u.got);
+      if (!arriving) complete(op);
+    }
+    std::optional<SingleCopyMatch> single_copy;
+    if (u.single_copy) single_copy = SingleCopyMatch{u.address, u.sender_op};
+    if (arriving) {
+      peer.in_unexpected = nullptr;  // the rest goes to op, or nowhere after a mismatch
+      if (!op.finished) peer.in_op = &op;
+    }
+    peer.unexpected_bytes -= u.charge;
+    pool_.release(std::move(u.buffer));
+    peer.unexpected.erase(it);
+    if (peer.in_state == InState::Paused) start_payload(peer);  // the freed room may let it in
+    return single_copy;
+  }
+  if (peer.in_state == InState::Paused && peer.in_header.tag == op.tag) {
+    peer.recvs.push_front(&op);  // the paused message is the first with this tag: it is op's
+    start_payload(peer);
+    return std::nullopt;
+  }
+  if (peer.lost) {
+    fail(op, error(ErrorCode::PeerLost, op_name(op.kind),
+                   fmt::format("rank {} {}", peer.rank, peer.lost_reason)));
+    return std::nullopt;
+  }
+  peer.recvs.push_back(&op);
+  return std::nullopt;
+}
+
+Op* MessageMatcher::take_posted_recv(PeerQueues& peer, Tag tag, uint64_t bytes) {
+  auto posted = std::find_if(peer.recvs.begin(), peer.recvs.end(),
+                             [&](const Op* op) { return op->tag == tag; });
+  if (posted == peer.recvs.end()) return nullptr;
+  Op& op = **posted;
+  peer.recvs.erase(posted);
+  if (op.bytes != bytes) {
+    fail(op, error(ErrorCode::Protocol, op_name(op.kind),
+                   fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
+                               peer.rank, bytes, tag_text(tag), op.bytes)));
+  }
+  return &op;
+}
+
+bool MessageMatcher::start_payload(PeerQueues& peer) {
+  const WireHeader& h = peer.in_header;
+  peer.in_op = nullptr;
+  peer.in_unexpected = nullptr;
+  peer.in_left = h.bytes;
+  if (Op* op = take_posted_recv(peer, h.tag, h.bytes)) {
+    if (!op->finished) peer.in_op = op;  // else: a size mismatch, the payload is discarded
+  } else {
+    const size_t charge = unexpected_charge(h.bytes);
+    const bool over = peer.unexpected_bytes + charge > options_.unexpected_limit;
+    const bool alone = options_.admit_oversized_alone && peer.unexpected.empty();
+    if (over && !peer.draining && !alone) {
+      peer.in_state = InState::Paused;
+      return false;
+    }
+    Unexpected& u = peer.unexpected.emplace_back();
+    u.tag = h.tag;
+    u.size = h.bytes;
+    u.charge = charge;
+    u.buffer = pool_.acquire(h.bytes);
+    peer.unexpected_bytes += charge;
+    peer.in_unexpected = &u;
+  }
+  peer.in_state = InState::Payload;
+  if (peer.in_left == 0) finish_message(peer);
+  return true;
+}
+
+void MessageMatcher::finish_message(PeerQueues& peer) {
+  if (peer.in_op != nullptr) complete(*peer.in_op);
+  peer.in_op = nullptr;
+  peer.in_unexpected = nullptr;  // stays in peer.unexpected, complete (got == size)
+  peer.in_state = InState::Header;
+}
+
+void MessageMatcher::deliver(Op& op, const uint8_t* src, size_t n) {
+  if (op.kind == OpKind::Recv) {
+    if (n > 0 && src != op.dst + op.done) std::memcpy(op.dst + op.done, src, n);
+    op.done += n;
+    return;
+  }
+  const size_t whole = n / op.element * op.element;
+  reduce::accumulate(op.dst + op.done, src, whole / op.element, op.dtype, op.reduce_op);
+  op.done += whole;
+  op.carry_len = n - whole;
+  if (op.carry_len > 0) std::memcpy(op.carry, src + whole, op.carry_len);
+}
+
+void MessageMatcher::withdraw(PeerQueues& peer, Op& op) {
+  if (op.kind == OpKind::Send) {
+    auto it = std::find(peer.sends.begin(), peer.sends.end(), &op);
+    if (it == peer.sends.end()) return;
+    if (op.header_done == 0) {
+      peer.sends.erase(it);
+      return;
+    }
+    // Partly on the wire: the peer expects the rest, so finish it from a copy that the caller
+    // cannot free under us. An orphan has id 0.
+    auto orphan = std::make_unique<Op>();
+    orphan->peer = op.peer;
+    orphan->header = op.header;
+    orphan->header_done = op.header_done;
+    orphan->owned.assign(op.src + op.done, op.src + op.bytes);
+    orphan->src = orphan->owned.data();
+    orphan->bytes = orphan->owned.size();
+    *it = orphan.get();
+    peer.orphans.push_back(std::move(orphan));
+    return;
+  }
+  if (peer.in_op == &op) {
+    peer.in_op = nullptr;  // the rest of this message is read and discarded
+    return;
+  }
+  std::erase(peer.recvs, &op);
+}
+
+void MessageMatcher::fail_peer(PeerQueues& peer, const std::string& why) {
+  peer.lost = true;
+  peer.draining = true;
+  peer.lost_reason = why;
+  auto lost = [&](Op& op) {
+    if (op.id == 0) return;  // an orphan: nobody waits for it
+    fail(op, error(ErrorCode::PeerLost, op_name(op.kind),
+                   fmt::format("rank {} {} ({}, {} of {} bytes transferred)", peer.rank, why,
+                               tag_text(op.tag), op.done, op.bytes)));
+  };
+  for (Op* op : peer.sends) lost(*op);
+  for (Op* op : peer.recvs) lost(*op);
+  if (peer.in_op != nullptr) lost(*peer.in_op);
+  peer.sends.clear();
+  peer.recvs.clear();
+  peer.orphans.clear();
+  if (peer.in_unexpected != nullptr) {
+    Unexpected& partial = *peer.in_unexpected;
+    peer.unexpected_bytes -= partial.charge;
+    pool_.release(std::move(partial.buffer));
+    peer.unexpected.remove_if([&](const Unexpected& u) { return &u == &partial; });
+  }
+  peer.in_op = nullptr;
+  peer.in_unexpected = nullptr;
+  peer.in_state = InState::Header;
+}
+
+bool MessageMatcher::mark_aborted(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(abort_mutex_);
+  if (aborted_.load()) return false;
+  abort_reason_ = reason.empty() ? std::string("aborted") : reason;
+  aborted_.store(true);
+  return true;
+}
+
+bool MessageMatcher::handle_abort() {
+  if (abort_handled_ || !aborted_.load()) return false;
+  abort_handled_ = true;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    reason = abort_reason_;
+  }
+  for (auto& [id, op] : ops_) {
+    if (!op->finished) fail(*op, error(ErrorCode::Aborted, op_name(op->kind), reason));
+  }
+  return true;
+}
+
+void MessageMatcher::clear_aborted(PeerQueues& peer) {
+  peer.sends.clear();
+  peer.recvs.clear();
+  peer.orphans.clear();
+  peer.in_op = nullptr;
+  peer.lost = true;
+  peer.draining = true;
+  peer.lost_reason = "is unreachable: this transport was aborted";
+}
+
+}  // namespace weft::backends

@@ -1,0 +1,83 @@
+// backends/common/transport_backend.h: a Backend over any connected collectives::Transport.
+//
+// What every backend whose collectives run as point-to-point messages needs, written once: a
+// backend built on it (the TCP backend today, a UCX backend next) connects its Transport and
+// gives it a name; nothing else.
+//
+// - Dispatch: each posted Collective runs on the group's ProgressThread, one at a time in issue
+//   order, with the algorithm the planner picks (or WEFT_ALGO / the "algo" setting forces) from
+//   collectives/ (collective_dispatch.h). Send and Recv go straight to the transport.
+// - Deferred start and caller runs: collectives moving at most kDeferBytes start deferred, so a
+//   caller that waits for one runs it on its own thread without waking the progress thread.
+// - Coalescing: post_coalesced() runs its collectives in order, and posts each run of sends and
+//   receives all at once before waiting for them, so ranks may order them as they like.
+// - Group failure: the first collective that fails with PeerLost, Timeout or Protocol breaks the
+//   group: the failure is recorded in the group's store (group_failure.h), the transport is
+//   aborted so that every peer blocked on this rank learns at once, and every later collective
+//   fails at once with the same error. A PeerLost learned second-hand names the first failure.
+//   A dead process closes its connections, so the first PeerLost comes within the transport's
+//   liveness interval, not at the timeout.
+// - Errors leave with the collective's context in front: rank, group, op, #seq.
+//
+// Cost: one virtual call into the Transport per message, as the algorithms always made; the
+// backend adds nothing per message or chunk.
+//
+// Thread safety: post() and abort() from any thread (the group serialises posts); everything else
+// runs on the progress thread or on a caller running a task in its place.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "weft/backend.h"
+
+#include "backends/common/collective_dispatch.h"
+#include "backends/common/group_failure.h"
+#include "collectives/scratch_pool.h"
+#include "collectives/transport.h"
+#include "runtime/progress_thread.h"
+
+namespace weft::backends {
+
+class TransportBackend final : public Backend {
+ public:
+  // `name` is the backend's ("tcp"): what name() returns and errors say. `transport` is
+  // connected over options.size ranks, this one being options.rank.
+  TransportBackend(std::string name, const BackendOptions& options,
+                   std::unique_ptr<collectives::Transport> transport);
+  ~TransportBackend() override;
+
+  std::string_view name() const override { return name_; }
+  std::shared_ptr<Work> post(Collective collective, ErrorContext context) override;
+  std::shared_ptr<Work> post_coalesced(std::vector<Collective> collectives,
+                                       ErrorContext context) override;
+  void abort(const std::string& reason) override;
+
+ private:
+  // Runs one collective on the progress thread; throws weft::Error.
+  void run(const Collective& collective, const ErrorContext& context);
+  // Runs `body` against the group's deadline and gives what it throws the context: rank, group,
+  // op, #seq; a PeerLost, Timeout or Protocol error breaks the group.
+  void guarded(const ErrorContext& context,
+               const std::function<void(collectives::Clock::time_point)>& body);
+  // After a failure: record it, abort the transport, remember it for later collectives.
+  void break_group(const ErrorContext& context, std::exception_ptr error);
+
+  const std::string name_;
+  const BackendOptions options_;
+  std::unique_ptr<collectives::Transport> transport_;
+  DispatchPlan plan_;
+  GroupFailure failure_;
+  collectives::ScratchPool scratch_;  // progress thread only
+  std::exception_ptr broken_;         // progress thread only: the error that broke the group
+  std::mutex abort_mutex_;
+  std::string abort_reason_;  // guarded by abort_mutex_; what abort() was called with
+
+  // Last: the thread uses everything above; its destructor drains and joins first.
+  std::unique_ptr<ProgressThread> thread_;
+};
+
+}  // namespace weft::backends

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# fsdp/, benchmarks/ and examples/ use weft's public API only (include/weft). Their own build
+# targets still see the repository root (fsdp includes its headers as "fsdp/..."), so the build
+# alone would not stop an include of an internal header there; this check does.
+# tools/weftrun.cc is the one documented exception (docs/architecture.md, "Public API").
+# Usage: private_includes_test.sh SOURCE_DIR
+set -euo pipefail
+cd "$1"
+if hits=$(grep -rEn '#include "(runtime|collectives|backends|tests)/' fsdp benchmarks examples \
+            tools --include='*.cc' --include='*.h' --include='*.c' |
+          grep -v '^tools/weftrun.cc:.*"runtime/launch_env.h"'); then
+  echo "FAIL: internal headers included from code that may use the public API only:" >&2
+  echo "$hits" >&2
+  exit 1
+fi
+echo "PASS: fsdp/, benchmarks/, examples/ and tools/ include public headers only"
