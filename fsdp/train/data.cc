@@ -12,6 +12,8 @@
 
 #include "weft/error.h"
 
+#include "fsdp/train/input_file.h"
+
 namespace weft::train {
 namespace {
 
@@ -116,19 +118,17 @@ TokenSource TokenSource::from_file(const std::string& path, int64_t vocab_size) 
   const auto io_error = [&](const char* what) {
     throw_error(ErrorCode::Io, where, fmt::format("{}: {}", what, std::strerror(errno)));
   };
+  int64_t size = 0;
   struct Fd {
     int fd;
     ~Fd() {
       if (fd >= 0) ::close(fd);
     }
-  } file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (file.fd < 0) io_error("open");
-  struct stat st {};
-  if (::fstat(file.fd, &st) != 0) io_error("fstat");
-  if (st.st_size % 4 != 0) {
-    invalid(where, fmt::format("{} bytes is not a whole number of int32 tokens", st.st_size));
+  } file{open_regular_file(path, where, &size)};
+  if (size % 4 != 0) {
+    invalid(where, fmt::format("{} bytes is not a whole number of int32 tokens", size));
   }
-  std::vector<int32_t> tokens(static_cast<size_t>(st.st_size) / 4);
+  std::vector<int32_t> tokens(static_cast<size_t>(size) / 4);
   auto* bytes = reinterpret_cast<char*>(tokens.data());
   const size_t total = tokens.size() * 4;
   for (size_t done = 0; done < total;) {

@@ -18,6 +18,8 @@
 #include "weft/error.h"
 #include "weft/half.h"
 
+#include "fsdp/train/input_file.h"
+
 namespace weft::train {
 namespace {
 
@@ -702,23 +704,104 @@ SafeTensors parse_safetensors(std::span<const uint8_t> bytes, std::string_view s
   }
 
   // The tensors must tile the buffer: sorted by offset, each begins where the previous ended,
-  // the first at 0 and the last at the buffer's end.
+  // the first at 0 and the last at the buffer's end. Each tensor's size was checked against its
+  // shape above, so when they do not tile, an offset is wrong: name the tensor whose offsets are
+  // wrong (not the neighbour that the wrong one pushed out of place) when one can tell.
   std::stable_sort(placed.begin(), placed.end(), [](const Placed& a, const Placed& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
+  uint64_t total = 0;  // what the tensors' sizes add up to
+  for (const Placed& p : placed) {
+    if (__builtin_add_overflow(total, p.end - p.begin, &total)) {
+      malformed(where, fmt::format("the tensors' sizes add up to more than 2^64 bytes (tensor {} "
+                                   "takes {})",
+                                   quoted(p.name), p.end - p.begin));
+    }
+  }
+  // Whether the tensors other than placed[skip] tile [0, total) but for one hole of exactly
+  // placed[skip]'s size (where it should be: *hole), overlapping nothing. (Compared by
+  // differences: offsets may be anything below 2^64.)
+  const auto fits_without = [&](size_t skip, uint64_t* hole) {
+    const uint64_t size = placed[skip].end - placed[skip].begin;
+    uint64_t covered = 0;
+    bool holed = false;
+    for (size_t i = 0; i < placed.size(); ++i) {
+      if (i == skip) continue;
+      if (placed[i].begin != covered) {
+        if (holed || placed[i].begin < covered || placed[i].begin - covered != size) return false;
+        *hole = covered;
+        holed = true;
+      }
+      covered = placed[i].end;
+    }
+    if (!holed) {
+      if (covered > total || total - covered != size) return false;
+      *hole = covered;
+    }
+    return true;
+  };
+  // How placed[i]'s range breaks the tiling, in words.
+  const auto fault = [&](size_t i) {
+    const Placed& p = placed[i];
+    if (p.end > total) {
+      return fmt::format("run past the {} bytes the tensors take together", total);
+    }
+    for (size_t j = 0; j < placed.size(); ++j) {
+      if (j != i && placed[j].begin < p.end && p.begin < placed[j].end) {
+        return fmt::format("overlap tensor {}'s [{}, {}]", quoted(placed[j].name), placed[j].begin,
+                           placed[j].end);
+      }
+    }
+    return std::string("leave a gap");
+  };
   uint64_t covered = 0;
   for (size_t i = 0; i < placed.size(); ++i) {
+    if (placed[i].begin == covered) {
+      covered = placed[i].end;
+      continue;
+    }
+    // The tiling breaks at placed[i]. It is the one to blame if moving it alone would mend the
+    // tiling; else the one (or ones) that would.
+    std::vector<size_t> culprits;
+    uint64_t hole = 0, culprit_hole = 0;
+    for (size_t k = 0; k < placed.size(); ++k) {
+      if (fits_without(k, &hole)) {
+        culprits.push_back(k);
+        culprit_hole = hole;
+      }
+    }
+    const bool this_one = std::find(culprits.begin(), culprits.end(), i) != culprits.end();
+    if (!this_one && culprits.size() == 1) {
+      const Placed& p = placed[culprits[0]];
+      malformed(where, fmt::format("tensor {}: data_offsets [{}, {}] {}; the other tensors leave "
+                                   "[{}, {}] for it",
+                                   quoted(p.name), p.begin, p.end, fault(culprits[0]), culprit_hole,
+                                   culprit_hole + (p.end - p.begin)));
+    }
+    if (!this_one && culprits.size() > 1) {
+      std::vector<std::string> names;
+      for (size_t k : culprits) {
+        names.push_back(
+            fmt::format("{} [{}, {}]", quoted(placed[k].name), placed[k].begin, placed[k].end));
+      }
+      malformed(where, fmt::format("the data_offsets of one of the tensors {} are wrong (they do "
+                                   "not tile the buffer, and either one moved would)",
+                                   fmt::join(names, ", ")));
+    }
+    // placed[i] is wrong, or more than one offset is: say where the tiling first breaks.
     const Placed& p = placed[i];
     if (p.begin < covered) {
       malformed(where, fmt::format("tensor {}: data_offsets [{}, {}] overlap tensor {}'s [{}, {}]",
                                    quoted(p.name), p.begin, p.end, quoted(placed[i - 1].name),
                                    placed[i - 1].begin, placed[i - 1].end));
     }
-    if (p.begin > covered) {
-      malformed(where, fmt::format("tensor {}: data_offsets [{}, {}] leave bytes [{}, {}) unused",
-                                   quoted(p.name), p.begin, p.end, covered, p.begin));
-    }
-    covered = p.end;
+    malformed(where, fmt::format("tensor {}: data_offsets [{}, {}] leave bytes [{}, {}) unused{}",
+                                 quoted(p.name), p.begin, p.end, covered, p.begin,
+                                 i == 0 || this_one
+                                     ? std::string()
+                                     : fmt::format(" after tensor {}'s [{}, {}]",
+                                                   quoted(placed[i - 1].name), placed[i - 1].begin,
+                                                   placed[i - 1].end)));
   }
   if (covered != buffer.size()) {
     malformed(where,
@@ -740,8 +823,14 @@ void write_safetensors(const std::string& path, const TensorList& tensors,
   const std::string where = fmt::format("safetensors write {}", quoted(path));
   const std::string tmp = path + ".tmp";
   {
-    Fd file{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    // O_NONBLOCK: a FIFO in the way fails (ENXIO) instead of waiting for a reader.
+    Fd file{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644)};
     if (file.fd < 0) throw_errno(where, fmt::format("open {}", quoted(tmp)));
+    struct stat st {};
+    if (::fstat(file.fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  fmt::format("{} is {}, not a regular file", quoted(tmp), file_kind(st.st_mode)));
+    }
     size_t done = 0;
     while (done < bytes.size()) {
       const ssize_t n = ::write(file.fd, bytes.data() + done, bytes.size() - done);
@@ -760,11 +849,9 @@ void write_safetensors(const std::string& path, const TensorList& tensors,
 
 SafeTensors read_safetensors(const std::string& path) {
   const std::string where = fmt::format("safetensors {}", quoted(path));
-  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (file.fd < 0) throw_errno(where, "open");
-  struct stat st {};
-  if (::fstat(file.fd, &st) != 0) throw_errno(where, "fstat");
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  int64_t size = 0;
+  Fd file{open_regular_file(path, where, &size)};
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::read(file.fd, bytes.data() + done, bytes.size() - done);

@@ -9,24 +9,26 @@
  *
  * Loading. weft probes the versions it knows, newest first, with dlsym, and takes the first one
  * found. It refuses a plugin (with a message naming the file, and going on with the other
- * candidates) when: dlopen fails (e.g. one of the plugin's own dependencies is missing: the
+ * candidates) when: the file is not a regular file (a FIFO, a directory, a device: seen with
+ * stat(), never opened); dlopen fails (e.g. one of the plugin's own dependencies is missing: the
  * message is dlerror()'s); no weftBackendPlugin_vN symbol is found (or only newer versions than
  * this weft knows: the message says which); the struct's abi_version is not N; its struct_size
  * is not sizeof(weftBackendPlugin_vN_t) as this header defines it; its name is empty or differs
  * from the NAME in the file name (when loaded by name); a required callback is NULL.
  *
  * Lifetime and threads (what a plugin must guarantee):
- *  - init() is called once per process group using the plugin (a process may have several
- *    groups, so several contexts at once, on different threads). It may block (connect to
- *    peers through the store) but must give up within args->timeout_ms with WEFT_ERR_TIMEOUT.
- *  - post() is called by one thread per context at a time, in the group's issue order, and must
- *    not block on the network: it queues the operations and returns. Every rank of the group
- *    posts the same sequence, so a plugin may match messages by `seq` (collectives) or by
- *    (peer, tag) in posting order (send/recv).
+ *  - Every call into a context but abort() runs on one thread of weft's own per context (its
+ *    plugin thread): init(), then post() (and test() and release()), then finalize(). A process
+ *    may have several groups using the plugin, so several contexts at once, on their threads.
+ *  - init() is called once per process group using the plugin. It may block (connect to peers
+ *    through the store) but must give up within args->timeout_ms with WEFT_ERR_TIMEOUT.
+ *  - post() is called in the group's issue order and must not block on the network: it queues
+ *    the operations and returns. Every rank of the group posts the same sequence, so a plugin may
+ *    match messages by `seq` (collectives) or by (peer, tag) in posting order (send/recv).
  *  - Operations of one context run in posting order: the first posted completes (or fails)
  *    before the second starts, unless the plugin can prove the order is unobservable.
  *  - Completion, one of two ways, chosen by the plugin. With `test` set, weft passes done = NULL
- *    to post() and polls test() on the returned request (from one thread of its own, with a
+ *    to post() and polls test() on the returned request (from the context's plugin thread, with a
  *    pause that grows from 20 us to 1 ms while nothing completes) until it reports done, then
  *    calls release(). With `test` NULL, weft passes a `done` callback, which the plugin calls
  *    exactly once per post(), from any thread, when the operation's outputs are final or it
@@ -40,6 +42,14 @@
  *  - Tensor memory belongs to the caller and stays valid until the operation completes; the
  *    descriptors themselves (the arrays passed to post()) are valid only during post(): copy what
  *    you need.
+ *  - weft bounds every call: init() by the group's timeout plus a margin (max(1 s, timeout/10)),
+ *    post(), test(), release(), abort() and finalize() by the group's timeout. Past it weft gives
+ *    up on the context: its unfinished operations fail with Error(Timeout) naming the plugin, the
+ *    call and the operation, later ones fail at once, abort() is called, and the context is
+ *    leaked (never finalized; the store, the logger and `done` stay valid for it).
+ *  - A broken completion contract (done() twice for one post(), done() for an operation whose
+ *    post() failed, post() failing after calling done()) is logged as an Internal error naming
+ *    the plugin and the operation, and ignored: the operation keeps its first result.
  *  - A failure is reported as a weft_result_t plus a message. Messages should say what went
  *    wrong in the plugin's terms ("MPI_Allreduce: MPI_ERR_TRUNCATE"); weft prefixes the rank,
  *    group, operation and sequence number. Use the codes as error.h defines them:
@@ -47,7 +57,8 @@
  *    args->timeout_ms, WEFT_ERR_UNSUPPORTED for an operation, dtype or op the plugin does not
  *    implement, WEFT_ERR_INTERNAL for its own bugs. weft raises each as the weft::Error of the
  *    same number; WEFT_ERR_INTERNAL, and any value it does not know, as Error(Protocol) (the
- *    plugin broke its contract).
+ *    plugin broke its contract). A failure with no message (NULL or "") is raised with one that
+ *    names the plugin, the call and the code.
  *
  * The struct is versioned as a whole: a later weft defines weftBackendPlugin_v2_t beside v1 and
  * keeps loading v1 plugins; a plugin may export several versions to load into older weft.

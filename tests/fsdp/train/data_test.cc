@@ -3,6 +3,7 @@
 #include "fsdp/train/data.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <fstream>
@@ -164,6 +165,20 @@ TEST_CASE("token files are raw little-endian int32", "[fsdp][data]") {
   } catch (const weft::Error& e) {
     CHECK(e.code() == ErrorCode::Io);
     CHECK_THAT(e.what(), Catch::Contains("missing.bin") && Catch::Contains("No such file"));
+  }
+  // A FIFO (which open() would wait on for a writer) or a directory: refused, never opened.
+  const std::string fifo = dir + "/fifo.bin";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  for (const std::string& path : {fifo, dir}) {
+    try {
+      TokenSource::from_file(path, 10);
+      FAIL("read " << path);
+    } catch (const weft::Error& e) {
+      CHECK(e.code() == ErrorCode::InvalidArgument);
+      CHECK_THAT(e.what(), Catch::StartsWith("token file \"" + path + "\""));
+      CHECK_THAT(e.what(), Catch::Contains(path == fifo ? "a FIFO, not a regular file"
+                                                        : "a directory, not a regular file"));
+    }
   }
   const std::string cmd = "rm -rf '" + dir + "'";
   CHECK(std::system(cmd.c_str()) == 0);

@@ -3,6 +3,7 @@
 #include "fsdp/train/safetensors.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -291,6 +292,40 @@ TEST_CASE("safetensors reader refuses offsets out of range, overlapping or not t
                 eight, "more than 2^63 elements");
 }
 
+TEST_CASE("safetensors reader names the tensor whose offsets are wrong, not its neighbour",
+          "[fsdp][safetensors]") {
+  const std::vector<uint8_t> twelve = f32_bytes({1.0f, 2.0f, 3.0f});
+  // b belongs at [4, 8]; moved to [12, 16] it leaves a gap before c, which took the blame
+  // ("tensor "c": data_offsets [8, 12] leave bytes [4, 8) unused").
+  check_refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                R"("b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]},)"
+                R"("c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                twelve,
+                "tensor \"b\": data_offsets [12, 16] run past the 12 bytes the tensors take "
+                "together; the other tensors leave [4, 8] for it");
+  // b (first in the file) at [16, 20], past the end: c is where b should be.
+  const std::vector<uint8_t> sixteen = f32_bytes({1.0f, 2.0f, 3.0f, 4.0f});
+  check_refused(R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[16,20]},)"
+                R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                R"("c":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                sixteen,
+                "tensor \"b\": data_offsets [16, 20] run past the 16 bytes the tensors take "
+                "together; the other tensors leave [4, 8] for it");
+  // a moved onto c's bytes: a overlaps c, and b is left where the gap starts.
+  check_refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},)"
+                R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+                R"("c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                twelve,
+                "the data_offsets of one of the tensors \"a\" [8, 12], \"c\" [8, 12] are wrong");
+  // Two wrong: the first break is named, with the tensor before it.
+  check_refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                R"("b":{"dtype":"F32","shape":[1],"data_offsets":[20,24]},)"
+                R"("c":{"dtype":"F32","shape":[1],"data_offsets":[28,32]}})",
+                twelve,
+                "tensor \"b\": data_offsets [20, 24] leave bytes [4, 20) unused after tensor "
+                "\"a\"'s [0, 4]");
+}
+
 TEST_CASE("safetensors writer refuses bad names, dtypes and sizes", "[fsdp][safetensors]") {
   const TensorEntry one = TensorEntry::f32({1}, std::vector<float>{1.0f});
   CHECK_THROWS_WITH(serialize_safetensors({{"a", one}, {"a", one}}),
@@ -343,6 +378,21 @@ TEST_CASE("safetensors files are written whole and read back; a missing file is 
   CHECK_THROWS_WITH(read_safetensors(dir.path + "/truncated.safetensors"),
                     Catch::Contains("truncated.safetensors") &&
                         Catch::Contains("header size 16 runs past the end of the 12-byte file"));
+  // A FIFO (which open() would wait on for a writer): refused without opening it; as the file
+  // to write, it fails instead of waiting for a reader.
+  const std::string fifo = dir.path + "/fifo.safetensors";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  try {
+    read_safetensors(fifo);
+    FAIL("read a FIFO");
+  } catch (const weft::Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e.what(), Catch::Contains("fifo.safetensors") &&
+                             Catch::Contains("a FIFO, not a regular file: refused without "
+                                             "reading it"));
+  }
+  REQUIRE(mkfifo((dir.path + "/out.safetensors.tmp").c_str(), 0600) == 0);
+  CHECK_THROWS_AS(write_safetensors(dir.path + "/out.safetensors", tensors), weft::Error);
 }
 
 }  // namespace
