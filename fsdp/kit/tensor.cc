@@ -245,7 +245,7 @@ std::string Tensor::describe() const {
   return fmt::format("{}[{}]", dtype_name(dtype_), fmt::join(shape_, ", "));
 }
 
-// runtime/half.h is header-only (inline, no link to libweft): the same conversions as the
+// weft/half.h is header-only (inline, no link to libweft): the same conversions as the
 // runtime's bfloat16 reductions, so the kit and the wire round alike.
 float bf16_to_float(uint16_t bits) { return weft::bf16_to_float(bits); }
 uint16_t float_to_bf16(float value) { return weft::float_to_bf16(value); }

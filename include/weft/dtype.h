@@ -3,7 +3,7 @@
 // DType is what a Tensor view holds and what crosses the wire in a collective's header; its
 // numeric values are stable (the C API and the desync check send them). Float16 and BFloat16 have
 // no arithmetic C++ type: weft::Half and weft::BFloat16 below are 16-bit containers only, and
-// reductions on them go through float (runtime/half.h).
+// reductions on them go through float (weft/half.h).
 #pragma once
 
 #include <cstddef>
@@ -80,7 +80,7 @@ constexpr bool is_integral(DType dtype) {
 }
 
 // Storage for one IEEE binary16 value (bits as in memory). No arithmetic: convert with
-// half_to_float / float_to_half (runtime/half.h) or the caller's own half type.
+// half_to_float / float_to_half (weft/half.h) or the caller's own half type.
 struct Half {
   uint16_t bits;
 };

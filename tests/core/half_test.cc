@@ -1,4 +1,4 @@
-// runtime/half.h against the format-generic reference in reference.h: every half and bfloat16
+// weft/half.h against the format-generic reference in reference.h: every half and bfloat16
 // bit pattern one way, every rounding boundary and a sweep of floats the other way.
 #include "weft/half.h"
 

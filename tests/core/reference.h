@@ -1,6 +1,6 @@
 // tests/core/reference.h: slow, obviously-correct scalar references for the reduce kernels.
 //
-// Written independently of runtime/half.h and runtime/reduce.cc: formats are decoded with ldexp
+// Written independently of weft/half.h and runtime/reduce.cc: formats are decoded with ldexp
 // and rounded with frexp + nearbyint in double, integers are wrapped through __int128, so a bug
 // shared by a kernel and its reference is unlikely.
 #pragma once
