@@ -30,11 +30,19 @@ case " $cflags " in
   *"$source_dir"*|*"$build_dir"*) fail "weft.pc points into the source or build tree: $cflags" ;;
 esac
 
+# A sanitizer build's libweft needs its runtime loaded first: build the program with the same
+# sanitizer, as a user of such a build would.
+sanitize=""
+ldd "$libdir/libweft.so" >"$tmp/ldd-lib.txt"
+grep -q libasan "$tmp/ldd-lib.txt" && sanitize="-fsanitize=address,undefined"
+grep -q libtsan "$tmp/ldd-lib.txt" && sanitize="-fsanitize=thread"
 # shellcheck disable=SC2086  # the flags are words
-"${CXX:-c++}" -std=c++20 -Wall -Wextra -Werror -o "$tmp/program" \
+"${CXX:-c++}" -std=c++20 -Wall -Wextra -Werror $sanitize -o "$tmp/program" \
   "$source_dir/tests/public_api/installed_program.cc" $cflags $libs ||
   fail "installed_program.cc does not build against the installed weft"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-ldd "$tmp/program" | grep -q "$libdir/libweft.so" || fail "the program would not load the staged libweft"
+# Through a file: `ldd | grep -q` fails under pipefail when grep stops reading early.
+ldd "$tmp/program" >"$tmp/ldd.txt"
+grep -q "$libdir/libweft.so" "$tmp/ldd.txt" || fail "the program would not load the staged libweft"
 "$tmp/program"
 echo "PASS"
