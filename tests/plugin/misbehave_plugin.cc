@@ -23,8 +23,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "weft/plugin.h"
@@ -48,11 +51,15 @@ struct Request {
   weft_result_t result = WEFT_SUCCESS;
 };
 
-// post_block_abort: how many post() calls abort() let return (the test waits for it).
-std::atomic<int> unblocked_posts{0};
+// post_block_abort: a post() blocks until abort(); the test waits until it has returned.
+// Guarded by abort_mutex, signalled through abort_changed.
+std::mutex abort_mutex;
+std::condition_variable abort_changed;
+int unblocked_posts = 0;
 
+// A call that never returns: what a hung plugin does.
 [[noreturn]] void block_forever() {
-  for (;;) sleep(1000);
+  for (;;) pause();
 }
 
 void write_error(char* error, size_t size, const char* text) {
@@ -82,9 +89,13 @@ weft_result_t misbehave_post(void* context, const weftCollective_v1_t*, uint32_t
   const std::string& mode = c->mode;
   if (mode == "post_block") block_forever();
   if (mode == "post_block_abort") {
-    while (!c->aborted.load()) usleep(1000);
+    {
+      std::unique_lock<std::mutex> lock(abort_mutex);
+      abort_changed.wait(lock, [&] { return c->aborted.load(); });
+      ++unblocked_posts;
+    }
+    abort_changed.notify_all();
     write_error(error, error_size, "misbehave: post_block_abort: aborted while blocked in post()");
-    unblocked_posts.fetch_add(1);
     return WEFT_ERR_ABORTED;
   }
   if (mode == "post_fail_null") {
@@ -139,7 +150,11 @@ weft_result_t misbehave_post(void* context, const weftCollective_v1_t*, uint32_t
 void misbehave_abort(void* context, const char*) {
   auto* c = static_cast<Context*>(context);
   if (c->mode == "abort_block") block_forever();
-  c->aborted.store(true);
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex);
+    c->aborted.store(true);
+  }
+  abort_changed.notify_all();
 }
 
 void misbehave_finalize(void* context) {
@@ -152,9 +167,14 @@ void misbehave_finalize(void* context) {
 
 extern "C" {
 
-// For the test: how many post() calls of mode post_block_abort have returned.
-__attribute__((visibility("default"))) int misbehave_unblocked_posts(void) {
-  return unblocked_posts.load();
+// For the test: how many post() calls of mode post_block_abort have returned, once at least
+// `at_least` have or after `timeout_ms`.
+__attribute__((visibility("default"))) int misbehave_wait_unblocked_posts(int at_least,
+                                                                          int timeout_ms) {
+  std::unique_lock<std::mutex> lock(abort_mutex);
+  abort_changed.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                         [&] { return unblocked_posts >= at_least; });
+  return unblocked_posts;
 }
 
 #ifdef MISBEHAVE_POLLING
