@@ -52,10 +52,18 @@ struct Request {
 };
 
 // post_block_abort: a post() blocks until abort(); the test waits until it has returned.
-// Guarded by abort_mutex, signalled through abort_changed.
-std::mutex abort_mutex;
-std::condition_variable abort_changed;
-int unblocked_posts = 0;
+// Never destroyed: a watchdog thread may still call abort() while the process exits, and a
+// static mutex would be torn down under it.
+struct AbortState {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int unblocked_posts = 0;  // guarded by mutex
+};
+
+AbortState& abort_state() {
+  static AbortState* state = new AbortState;
+  return *state;
+}
 
 // A call that never returns: what a hung plugin does.
 [[noreturn]] void block_forever() {
@@ -89,12 +97,13 @@ weft_result_t misbehave_post(void* context, const weftCollective_v1_t*, uint32_t
   const std::string& mode = c->mode;
   if (mode == "post_block") block_forever();
   if (mode == "post_block_abort") {
+    AbortState& state = abort_state();
     {
-      std::unique_lock<std::mutex> lock(abort_mutex);
-      abort_changed.wait(lock, [&] { return c->aborted.load(); });
-      ++unblocked_posts;
+      std::unique_lock<std::mutex> lock(state.mutex);
+      state.changed.wait(lock, [&] { return c->aborted.load(); });
+      ++state.unblocked_posts;
     }
-    abort_changed.notify_all();
+    state.changed.notify_all();
     write_error(error, error_size, "misbehave: post_block_abort: aborted while blocked in post()");
     return WEFT_ERR_ABORTED;
   }
@@ -150,11 +159,12 @@ weft_result_t misbehave_post(void* context, const weftCollective_v1_t*, uint32_t
 void misbehave_abort(void* context, const char*) {
   auto* c = static_cast<Context*>(context);
   if (c->mode == "abort_block") block_forever();
+  AbortState& state = abort_state();
   {
-    std::lock_guard<std::mutex> lock(abort_mutex);
+    std::lock_guard<std::mutex> lock(state.mutex);
     c->aborted.store(true);
   }
-  abort_changed.notify_all();
+  state.changed.notify_all();
 }
 
 void misbehave_finalize(void* context) {
@@ -171,10 +181,11 @@ extern "C" {
 // `at_least` have or after `timeout_ms`.
 __attribute__((visibility("default"))) int misbehave_wait_unblocked_posts(int at_least,
                                                                           int timeout_ms) {
-  std::unique_lock<std::mutex> lock(abort_mutex);
-  abort_changed.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                         [&] { return unblocked_posts >= at_least; });
-  return unblocked_posts;
+  AbortState& state = abort_state();
+  std::unique_lock<std::mutex> lock(state.mutex);
+  state.changed.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                         [&] { return state.unblocked_posts >= at_least; });
+  return state.unblocked_posts;
 }
 
 #ifdef MISBEHAVE_POLLING
