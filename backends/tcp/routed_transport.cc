@@ -1,13 +1,16 @@
 #include "backends/tcp/routed_transport.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "weft/config.h"
 #include "weft/error.h"
 
 #include "backends/tcp/tcp_mesh.h"
+#include "runtime/log.h"
 
 namespace weft::tcp {
 
@@ -25,10 +28,22 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
   mesh_options.shm = shm_on;
   TcpMesh mesh = TcpMesh::connect(store, rank, size, mesh_options);
   std::vector<bool> use_shm(size, false);
+  std::vector<int> shm_apart;  // peers on this machine whose /dev/shm is not this rank's
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     use_shm[peer] =
-        options.shm_between ? options.shm_between(rank, peer) : shm_on && mesh.same_host(peer);
+        options.shm_between ? options.shm_between(rank, peer) : shm_on && mesh.shares_shm(peer);
+    if (shm_on && !options.shm_between && mesh.same_host(peer) && !mesh.shares_shm(peer)) {
+      shm_apart.push_back(peer);
+    }
+  }
+  // Said once per process: every group of the job would repeat it.
+  static std::atomic<bool> said_apart{false};
+  if (!shm_apart.empty() && !said_apart.exchange(true)) {
+    WEFT_LOG_WARN(
+        "rank {}/{} group \"{}\": rank(s) {} run on this machine but see another /dev/shm (a "
+        "separate mount namespace or container): TCP is used between them, not shared memory",
+        rank, size, options.group_name, fmt::join(shm_apart, ", "));
   }
   const uint64_t group_id = mesh.group_id();
   std::vector<net::Socket> sockets = mesh.take_sockets();
@@ -127,7 +142,9 @@ void RoutedTransport::wait(Request request, Clock::time_point deadline) {
   auto other_busy = [&] { return !pending_[side == kShm ? kTcp : kShm].empty(); };
   while (other_busy()) {
     if (owner->test(inner)) break;  // for a TCP request this is also the TCP pass
-    if (side == kShm) tcp_->test(Request{pending_[kTcp].front()});
+    // Every TCP connection, not just the front request's: that one may have finished, while a
+    // peer's large send waits for this rank to read it (and that peer's progress for ours).
+    if (side == kShm) tcp_->poll();
     const Clock::time_point now = Clock::now();
     if (now >= deadline) break;  // the owner's wait() reports the timeout and withdraws
     shm_->idle(std::min<Clock::time_point>(deadline, now + kMixedSlice));
@@ -144,7 +161,13 @@ bool RoutedTransport::test(Request request) {
   }
   Transport* other = side == kShm ? static_cast<Transport*>(tcp_.get()) : shm_.get();
   const auto& other_pending = pending_[side == kShm ? kTcp : kShm];
-  if (other != nullptr && !other_pending.empty()) other->test(Request{other_pending.front()});
+  if (other != nullptr && !other_pending.empty()) {
+    if (other == tcp_.get()) {
+      tcp_->poll();
+    } else {
+      shm_->idle(Clock::now());  // moves what can move; never sleeps past now
+    }
+  }
   return owner->test(Request{request.id >> 1});
 }
 

@@ -325,6 +325,12 @@ void TcpTransport::wait(collectives::Request request, Clock::time_point deadline
   }
 }
 
+void TcpTransport::poll() {
+  handle_abort();
+  wait_for_events(Clock::now());
+  progress();
+}
+
 bool TcpTransport::test(collectives::Request request) {
   Op& op = matcher_.pending(request, "tcp test");
   handle_abort();

@@ -124,6 +124,12 @@ class TcpTransport final : public collectives::Transport {
   bool test(collectives::Request request) override;
   void abort(const std::string& reason) override;
 
+  // Collects readiness without blocking and moves whatever can move on every connection,
+  // whichever request it serves. How a composite transport drives this one while it waits on
+  // another: test() of a request that has finished moves nothing, and a peer whose sends fill
+  // the socket waits until this rank reads.
+  void poll();
+
  private:
   using Op = backends::Op;
   using Peer = detail::TcpPeer;

@@ -196,6 +196,36 @@ TEST_CASE("routed transport puts every peer on shared memory when all share the 
   });
 }
 
+TEST_CASE("a 16 MiB ring all_reduce over two hosts' worth of ranks: shm in pairs, TCP between",
+          "[collectives][multiproc]") {
+  // Ranks {0, 1} and {2, 3} share memory, the ring's other links are TCP: how 2 hosts x 2 ranks
+  // run. Large enough that TCP sends fill the socket buffers, so a rank waiting on a shared-memory
+  // request must keep reading its TCP peers or the ring deadlocks.
+  TempDir dir;
+  run_ranks_ok(4, [&](int rank) {
+    FileStore store(dir.file("store"), 4);
+    RoutedTransport::Options options;
+    options.key_prefix = "test/routed-pairs";
+    options.timeout = 20s;
+    options.shm_between = [](int a, int b) { return a / 2 == b / 2; };
+    auto t = RoutedTransport::connect(store, rank, 4, options);
+    RANK_CHECK(t->link(rank ^ 1) == Link::SharedMemory);
+    RANK_CHECK(t->link((rank + 2) % 4) == Link::Tcp);
+    const size_t count = 4 * 1024 * 1024 + 3;
+    std::vector<float> input(count), out(count), want(count, 0.0f);
+    for (size_t i = 0; i < count; ++i) input[i] = value(rank, i);
+    for (int r = 0; r < 4; ++r) {
+      for (size_t i = 0; i < count; ++i) want[i] += value(r, i);
+    }
+    for (uint64_t seq = 1; seq <= 8; ++seq) {
+      std::fill(out.begin(), out.end(), -1.0f);
+      collectives::ring_all_reduce(Context{.transport = *t, .seq = seq, .deadline = within(20s)},
+                                   input.data(), out.data(), count, DType::Float32, ReduceOp::Sum);
+      check_equal(out, want, "ring all_reduce over shm pairs and tcp", rank);
+    }
+  });
+}
+
 // Not a test: prints ring all_reduce times over shm and tcp (run with
 // `collectives_over_transports_test "[.perf]" -s`).
 TEST_CASE("ring all_reduce timing over shm and tcp", "[.perf]") {
