@@ -24,9 +24,10 @@ namespace {
 // Every variable weft reads. Kept beside the parser so that a new one cannot be forgotten here.
 // WEFT_JOB_ID is a launcher variable (runtime/launch_env.h reads it), listed so it is not taken
 // for a typo.
-constexpr std::array<std::string_view, 9> kKnownVariables = {
-    "WEFT_LOG",  "WEFT_TIMEOUT", "WEFT_STORE_TOKEN", "WEFT_SHM",    "WEFT_DEBUG",
-    "WEFT_ALGO", "WEFT_SPIN_US", "WEFT_PLUGIN_PATH", "WEFT_JOB_ID",
+constexpr std::array<std::string_view, 11> kKnownVariables = {
+    "WEFT_LOG",    "WEFT_TIMEOUT",   "WEFT_STORE_TOKEN",   "WEFT_SHM",
+    "WEFT_DEBUG",  "WEFT_ALGO",      "WEFT_SPIN_US",       "WEFT_PLUGIN_PATH",
+    "WEFT_JOB_ID", "WEFT_HOST_ADDR", "WEFT_SOCKET_IFNAME",
 };
 
 // WEFT_TIMEOUT bounds every blocking call, rendezvous and connection set-up included, which take
@@ -142,6 +143,8 @@ Config Config::from_env(const std::function<const char*(const char*)>& lookup) {
       rest.remove_prefix(colon + 1);
     }
   }
+  if (const char* v = lookup("WEFT_HOST_ADDR"); v) c.host_addr = v;
+  if (const char* v = lookup("WEFT_SOCKET_IFNAME"); v) c.socket_ifname = v;
   return c;
 }
 

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -102,8 +103,10 @@ Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
 }
 
 Socket connect_with_retry(const std::string& host, uint16_t port, Clock::time_point deadline,
-                          std::string_view what) {
+                          std::string_view what, std::chrono::milliseconds refused_grace) {
   std::string target = fmt::format("{}:{}", host, port);
+  // When the current run of refusals began (time_point::max(): none); reset by other outcomes.
+  Clock::time_point refused_since = Clock::time_point::max();
   std::mt19937 rng(std::random_device{}());
   auto backoff = std::chrono::milliseconds(10);
   std::string last_error = "no attempt made";
@@ -144,7 +147,21 @@ Socket connect_with_retry(const std::string& host, uint16_t port, Clock::time_po
           errno = err;
         }
         if (rc != 0) {
-          last_error = errno_text(errno);
+          const int err = errno;
+          last_error = errno_text(err);
+          const bool refused = err == ECONNREFUSED || err == EHOSTUNREACH || err == ENETUNREACH ||
+                               err == EADDRNOTAVAIL;
+          if (!refused) {
+            refused_since = Clock::time_point::max();
+          } else if (refused_since == Clock::time_point::max()) {
+            refused_since = Clock::now();
+          } else if (refused_grace != std::chrono::milliseconds::max() &&
+                     Clock::now() - refused_since >= refused_grace) {
+            throw_error(ErrorCode::Io, what,
+                        fmt::format("{} refuses connections or is unreachable ({}), still after "
+                                    "{} ms",
+                                    target, last_error, refused_grace.count()));
+          }
           continue;
         }
         int flags = fcntl(s.fd(), F_GETFL, 0);
@@ -267,6 +284,43 @@ std::string peer_address(int fd) {
     return fmt::format("[{}]:{}", text, ntohs(a->sin6_port));
   }
   return "?";
+}
+
+std::string local_host(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char text[NI_MAXHOST] = {};
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, text, sizeof(text), nullptr, 0,
+                  NI_NUMERICHOST) != 0) {
+    return "";
+  }
+  return text;
+}
+
+std::string interface_address(const std::string& name, std::string* available) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string v4, v6;
+  for (ifaddrs* a = list; a; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    const int family = a->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    char text[NI_MAXHOST] = {};
+    if (getnameinfo(a->ifa_addr, len, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) != 0) {
+      continue;
+    }
+    if (available != nullptr && family == AF_INET) {
+      *available += fmt::format("{}{}={}", available->empty() ? "" : ", ", a->ifa_name, text);
+    }
+    if (name != a->ifa_name) continue;
+    if (family == AF_INET && v4.empty()) v4 = text;
+    // Link-local IPv6 addresses need a scope to be reachable; getnameinfo appends "%if" to them.
+    if (family == AF_INET6 && v6.empty()) v6 = text;
+  }
+  freeifaddrs(list);
+  return v4.empty() ? v6 : v4;
 }
 
 bool is_loopback(const std::string& host) {

@@ -38,8 +38,14 @@ class Socket {
 // last errno text when the deadline passes, and Error(InvalidArgument) at once when the host name
 // does not resolve (only a temporary resolver failure, EAI_AGAIN, is retried); `what` starts the
 // message ("store client").
-Socket connect_with_retry(const std::string& host, uint16_t port, Clock::time_point deadline,
-                          std::string_view what);
+//
+// `refused_grace`: for an address known to have a listener (a peer's published address), how
+// long refusals and unreachable routes may go on before they are final: past it, Error(Io)
+// names the address and the error instead of waiting for the deadline. Unresponsive attempts
+// (lost SYNs) are still retried until the deadline.
+Socket connect_with_retry(
+    const std::string& host, uint16_t port, Clock::time_point deadline, std::string_view what,
+    std::chrono::milliseconds refused_grace = std::chrono::milliseconds::max());
 
 // Binds host:port (port 0: the kernel picks; "" or "0.0.0.0": every IPv4 interface; "::": every
 // interface) and listens with the backlog in /proc/sys/net/core/somaxconn. Sets SO_REUSEADDR.
@@ -59,6 +65,13 @@ void read_exact(int fd, void* data, size_t size, Clock::time_point deadline, std
 
 // "10.0.0.7:4242" or "[::1]:4242" for the socket's peer; "?" when unknown.
 std::string peer_address(int fd);
+
+// The numeric host ("10.0.0.7", "::1") of the socket's local end; "" when unknown.
+std::string local_host(int fd);
+
+// The first IPv4 address (else IPv6) of network interface `name`; "" when it has none or does
+// not exist, with the interfaces that have addresses in *available ("lo=127.0.0.1, eth0=...").
+std::string interface_address(const std::string& name, std::string* available);
 
 // True for "localhost", 127.0.0.0/8 and ::1.
 bool is_loopback(const std::string& host);

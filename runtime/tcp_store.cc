@@ -45,6 +45,7 @@ TCPStore::TCPStore(TCPStoreOptions options) : options_(resolve_options(std::move
   for (int attempt = 1;; ++attempt) {
     auto socket = net::connect_with_retry(options_.host, options_.port, deadline,
                                           fmt::format("store {} connect", address));
+    local_address_ = net::local_host(socket.fd());
     connection_ = std::make_unique<Connection>(std::move(socket), address);
     try {
       connection_->handshake(*options_.token, deadline);

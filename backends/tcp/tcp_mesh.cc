@@ -4,12 +4,15 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <sstream>
 
@@ -26,7 +29,40 @@ namespace {
 constexpr uint32_t kHandshakeMagic = 0x4d544657;  // "WFTM" read as little-endian bytes
 constexpr uint16_t kHandshakeVersion = 1;
 constexpr size_t kHandshakeBytes = 32;
-constexpr const char* kRecordVersion = "weft-tcp-v2";
+constexpr const char* kRecordVersion = "weft-tcp-v3";
+// How long connection refusals from a published address may last before they are final: the
+// peer published its address after it started listening, so a refusal means the address does
+// not reach it (or it died), not that it is late. Lost SYNs are retried until the deadline.
+constexpr std::chrono::milliseconds kRefusedGrace{1000};
+// Written in place of a record by a rank that failed before it could publish one.
+constexpr const char* kFailedRecord = "weft-tcp-failed";
+// How long set-up may be quiet before a rank looks whether another has given up.
+constexpr std::chrono::milliseconds kFailureCheck{250};
+
+// Where the first rank that gives up on set-up writes "rank\ncode\nmessage".
+std::string failure_key(const TcpMeshOptions& options) {
+  return fmt::format("{}/failure", options.key_prefix);
+}
+
+// An error code written as its number; unknown numbers become Io.
+ErrorCode code_from(const std::string& text) {
+  int value = std::atoi(text.c_str());
+  return value >= 1 && value <= static_cast<int>(ErrorCode::Io) ? static_cast<ErrorCode>(value)
+                                                                : ErrorCode::Io;
+}
+
+// Throws what another rank failed with, when one has given up on set-up.
+void throw_if_a_rank_failed(Store& store, const TcpMeshOptions& options, const std::string& where) {
+  const std::string key = failure_key(options);
+  if (!store.check({key})) return;
+  std::istringstream in(to_string(store.get(key)));
+  std::string rank, code;
+  std::getline(in, rank);
+  std::getline(in, code);
+  std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  throw_error(code_from(code), where,
+              fmt::format("rank {} gave up on connection set-up: {}", rank, message));
+}
 
 // The first bytes each side of a connection sends. Fixed little-endian layout:
 // magic u32, version u16, reserved u16, group id u64, from u32, to u32, size u32, reserved u32.
@@ -115,28 +151,59 @@ std::string local_address_towards(const std::string& remote) {
   return result;
 }
 
-std::string choose_host(const TcpMeshOptions& options) {
-  if (!options.host.empty()) return options.host;
-  if (options.route_to.empty() || net::is_loopback(options.route_to)) return "127.0.0.1";
-  std::string local = local_address_towards(options.route_to);
-  return local.empty() ? "127.0.0.1" : local;
-}
+// The address to listen on and publish, and where it came from (for messages), in this order:
+// the caller's, WEFT_HOST_ADDR, WEFT_SOCKET_IFNAME's address, the local address that routes to
+// options.route_to, the local end of the store's connection, and 127.0.0.1 last (a store on
+// loopback, or no network store: every rank is on this host).
+struct ChosenHost {
+  std::string host;
+  std::string source;
+};
 
-std::string encode_record(const std::string& host, uint16_t port, uint64_t nonce,
-                          std::optional<bool> shm) {
-  return fmt::format("{}\n{}\n{}\n{}\n{:016x}\nshm={}\n", kRecordVersion, host, port,
-                     TcpMesh::host_fingerprint(), nonce, shm_text(shm));
+ChosenHost choose_host(const TcpMeshOptions& options, const Store& store,
+                       const std::string& where) {
+  if (!options.host.empty()) return {options.host, "the backend's host option"};
+  const Config& c = config();
+  if (!c.host_addr.empty()) return {c.host_addr, "WEFT_HOST_ADDR"};
+  if (!c.socket_ifname.empty()) {
+    std::string available;
+    std::string address = net::interface_address(c.socket_ifname, &available);
+    if (address.empty()) {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  fmt::format("WEFT_SOCKET_IFNAME=\"{}\": this host has no interface of that "
+                              "name with an address (interfaces: {})",
+                              c.socket_ifname, available.empty() ? "none" : available));
+    }
+    return {address, fmt::format("WEFT_SOCKET_IFNAME={}", c.socket_ifname)};
+  }
+  if (!options.route_to.empty() && !net::is_loopback(options.route_to)) {
+    std::string local = local_address_towards(options.route_to);
+    if (!local.empty()) return {local, fmt::format("the route to {}", options.route_to)};
+  }
+  std::string via_store = store.local_address();
+  if (!via_store.empty() && !net::is_loopback(via_store)) {
+    return {via_store, "the interface that reaches the store"};
+  }
+  return {"127.0.0.1", "loopback (the store is on this host)"};
 }
 
 PeerRecord decode_record(const Bytes& bytes, int peer, uint64_t* nonce, const std::string& where) {
   std::istringstream in(to_string(bytes));
-  std::string version, host, port, fingerprint, nonce_text, shm;
+  std::string version, host, port, fingerprint, domain, nonce_text, shm;
   std::getline(in, version);
   std::getline(in, host);
   std::getline(in, port);
   std::getline(in, fingerprint);
+  std::getline(in, domain);
   std::getline(in, nonce_text);
   std::getline(in, shm);
+  if (version == kFailedRecord) {
+    // host holds the error code, the rest its message (written by a rank that gave up).
+    std::string rest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string message = port + (rest.empty() ? "" : "\n" + rest);
+    throw_error(code_from(host), where,
+                fmt::format("rank {} gave up before it published its address: {}", peer, message));
+  }
   char* end = nullptr;
   unsigned long port_value = std::strtoul(port.c_str(), &end, 10);
   bool port_ok = !port.empty() && end && *end == '\0' && port_value > 0 && port_value < 65536;
@@ -149,7 +216,7 @@ PeerRecord decode_record(const Bytes& bytes, int peer, uint64_t* nonce, const st
   *nonce = std::strtoull(nonce_text.c_str(), nullptr, 16);
   std::optional<bool> peer_shm;
   if (shm != "shm=-") peer_shm = shm == "shm=1";
-  return PeerRecord{host, static_cast<uint16_t>(port_value), fingerprint, peer_shm};
+  return PeerRecord{host, static_cast<uint16_t>(port_value), fingerprint, domain, peer_shm};
 }
 
 void set_blocking(int fd) {
@@ -163,7 +230,8 @@ void check_shm_agrees(const std::vector<PeerRecord>& records, int rank, const st
   const PeerRecord& mine = records[rank];
   for (size_t r = 0; r < records.size(); ++r) {
     const PeerRecord& peer = records[r];
-    if (!mine.shm || !peer.shm || *peer.shm == *mine.shm || peer.fingerprint != mine.fingerprint) {
+    if (!mine.shm || !peer.shm || *peer.shm == *mine.shm || peer.fingerprint != mine.fingerprint ||
+        peer.shm_domain != mine.shm_domain) {
       continue;
     }
     throw_error(ErrorCode::InvalidArgument, where,
@@ -179,7 +247,26 @@ int poll_timeout_ms(net::Clock::time_point deadline) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
 }
 
+// "node7" from a fingerprint "node7/<boot id>".
+std::string host_name(const std::string& fingerprint) {
+  return fingerprint.substr(0, fingerprint.rfind('/'));
+}
+
 }  // namespace
+
+// Two processes of one machine (same boot id) with different values (containers with host
+// networking, separate mount namespaces) cannot open each other's segments.
+std::string TcpMesh::shm_domain() {
+  struct stat st {};
+  if (::stat("/dev/shm", &st) != 0) return "none";
+  return fmt::format("{:x}:{:x}", static_cast<uint64_t>(st.st_dev),
+                     static_cast<uint64_t>(st.st_ino));
+}
+
+std::string TcpMesh::encode_record(const PeerRecord& peer, uint64_t nonce) {
+  return fmt::format("{}\n{}\n{}\n{}\n{}\n{:016x}\nshm={}\n", kRecordVersion, peer.host, peer.port,
+                     peer.fingerprint, peer.shm_domain, nonce, shm_text(peer.shm));
+}
 
 std::string TcpMesh::host_fingerprint() {
   char name[256] = {};
@@ -195,6 +282,10 @@ bool TcpMesh::same_host(int peer) const {
   return records_[peer].fingerprint == records_[rank_].fingerprint;
 }
 
+bool TcpMesh::shares_shm(int peer) const {
+  return same_host(peer) && records_[peer].shm_domain == records_[rank_].shm_domain;
+}
+
 std::vector<net::Socket> TcpMesh::take_sockets() { return std::move(sockets_); }
 
 TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions& options) {
@@ -203,6 +294,26 @@ TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions&
   if (size < 1 || rank < 0 || rank >= size) {
     throw_error(ErrorCode::InvalidArgument, where, "rank must be in [0, size) and size >= 1");
   }
+  bool published = false;
+  try {
+    return connect_ranks(store, rank, size, options, where, &published);
+  } catch (const Error& e) {
+    // Tell the others, so that they fail now naming this rank instead of waiting for it until
+    // the timeout: before publishing, in place of this rank's record (they wait for it); after,
+    // under the failure key (they look while they wait for connections). Best effort.
+    const std::string message = fmt::format("{}\n{}", static_cast<int>(e.code()), e.what());
+    try {
+      const std::string key = fmt::format("{}/{}", options.key_prefix, rank);
+      if (!published) store.set(key, fmt::format("{}\n{}", kFailedRecord, message));
+      store.compare_set(failure_key(options), {}, to_bytes(fmt::format("{}\n{}", rank, message)));
+    } catch (const std::exception&) {
+    }
+    throw;
+  }
+}
+
+TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOptions& options,
+                               const std::string& where, bool* published) {
   auto timeout = options.timeout.count() > 0 ? options.timeout : config().timeout;
   const auto deadline = net::deadline_after(timeout);
   auto left = [&] {
@@ -214,15 +325,28 @@ TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions&
   TcpMesh mesh(rank, size);
   mesh.sockets_.resize(size);
 
-  const std::string host = choose_host(options);
+  const ChosenHost chosen = choose_host(options, store, where);
+  const std::string& host = chosen.host;
   uint16_t port = 0;
-  net::Socket listener = net::listen_on(host, 0, &port);
+  net::Socket listener;
+  try {
+    listener = net::listen_on(host, 0, &port);
+  } catch (const Error& e) {
+    throw_error(e.code(), where,
+                fmt::format("cannot listen on {} (from {}): {}; set WEFT_HOST_ADDR or "
+                            "WEFT_SOCKET_IFNAME to an address of this host",
+                            host, chosen.source, e.what()));
+  }
+  WEFT_LOG_DEBUG("{}: listening on {}:{} (address from {})", where, host, port, chosen.source);
   uint64_t nonce = 0;
   if (rank == 0) nonce = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
 
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(fmt::format("{}/{}", options.key_prefix, r));
-  store.set(keys[rank], encode_record(host, port, nonce, options.shm));
+  store.set(
+      keys[rank],
+      encode_record(PeerRecord{host, port, host_fingerprint(), shm_domain(), options.shm}, nonce));
+  *published = true;
 
   std::vector<Bytes> values;
   try {
@@ -273,7 +397,26 @@ TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions&
   for (int peer = 0; peer < rank; ++peer) {
     const PeerRecord& record = mesh.records_[peer];
     std::string what = fmt::format("{} connect to rank {}", where, peer);
-    net::Socket s = net::connect_with_retry(record.host, record.port, deadline, what);
+    // A loopback address published from another host reaches this host, not the peer.
+    const std::string advice = fmt::format(
+        "on rank {}'s host ({}), set WEFT_SOCKET_IFNAME to the interface, or WEFT_HOST_ADDR to the "
+        "address, that this host ({}) reaches it by",
+        peer, host_name(record.fingerprint), host_name(mesh.records_[rank].fingerprint));
+    if (net::is_loopback(record.host) && !mesh.same_host(peer)) {
+      throw_error(ErrorCode::InvalidArgument, what,
+                  fmt::format("rank {} runs on another host but published the loopback address "
+                              "{}:{}; {}",
+                              peer, record.host, record.port, advice));
+    }
+    net::Socket s;
+    try {
+      s = net::connect_with_retry(record.host, record.port, deadline, what, kRefusedGrace);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::Io) throw;
+      throw Error(ErrorCode::Io, fmt::format("{}: the address rank {} published does not reach it "
+                                             "from here (or it has exited); {}",
+                                             e.what(), peer, advice));
+    }
     auto bytes = handshake_to(peer);
     net::write_all(s.fd(), bytes.data(), bytes.size(), deadline, what);
     mesh.sockets_[peer] = std::move(s);
@@ -297,7 +440,8 @@ TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions&
   for (int accepted = 0; accepted < size - rank - 1;) {
     std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
     for (auto& p : pending) fds.push_back({p.socket.fd(), POLLIN, 0});
-    int rc = ::poll(fds.data(), fds.size(), poll_timeout_ms(deadline));
+    int rc = ::poll(fds.data(), fds.size(),
+                    std::min<int>(poll_timeout_ms(deadline), kFailureCheck.count()));
     if (rc < 0 && errno != EINTR) {
       throw_error(ErrorCode::Io, where, fmt::format("poll: {}", std::strerror(errno)));
     }
@@ -307,6 +451,9 @@ TcpMesh TcpMesh::connect(Store& store, int rank, int size, const TcpMeshOptions&
                               ranks_that(missing_higher(), "did not connect", "did not connect"),
                               timeout.count()));
     }
+    // Quiet for a while: has a rank given up? (Checked only when idle: one store query per
+    // kFailureCheck of silence, nothing on a set-up that proceeds.)
+    if (rc == 0) throw_if_a_rank_failed(store, options, where);
     if (rc <= 0) continue;
     for (size_t i = fds.size(); i-- > 1;) {
       if (fds[i].revents == 0) continue;

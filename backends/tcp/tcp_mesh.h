@@ -4,7 +4,8 @@
 // Setup, for N ranks, costs each rank one store write and one batched read, whatever N:
 //   1. listen on an ephemeral port of the chosen interface;
 //   2. set "<prefix>/<rank>" to a record: "host:port", a host fingerprint (hostname + boot id,
-//      so the shared-memory transport can tell which peers share this machine), this rank's
+//      so the shared-memory transport can tell which peers share this machine), which /dev/shm
+//      it sees (containers on one machine may not share one), this rank's
 //      shared-memory setting and, from rank 0 only, a random group nonce;
 //   3. multi_get the N records (one request; the store waits until all exist); ranks on one
 //      host that disagree on shared memory fail here, naming each other and their settings;
@@ -35,9 +36,12 @@ struct TcpMeshOptions {
   // Names the group in the store: rank r's record is "<key_prefix>/<r>". Two groups sharing a
   // store must use different prefixes (the process group uses its name and incarnation).
   std::string key_prefix = "weft/tcp";
-  // The address to listen on and publish. Empty: the local address whose route reaches
-  // `route_to` (the store's host, so that peers reach us the way we reach the store), or
-  // 127.0.0.1 when route_to is empty or a loopback address.
+  // The address to listen on and publish. Empty: WEFT_HOST_ADDR, else WEFT_SOCKET_IFNAME's
+  // address, else the local address whose route reaches `route_to`, else the local end of the
+  // store's connection (Store::local_address(): peers reach us the way we reach the store), else
+  // 127.0.0.1 (a store on loopback or in this process). A peer that published a loopback address
+  // from another host, or an address that refuses connections, fails the setup at once with an
+  // error naming the address and these variables.
   std::string host;
   std::string route_to;
   // Bounds the whole setup. 0: config().timeout (WEFT_TIMEOUT, default 300 s).
@@ -55,6 +59,7 @@ struct PeerRecord {
   std::string host;
   uint16_t port = 0;
   std::string fingerprint;  // "hostname/boot-id"; equal fingerprints mean one machine
+  std::string shm_domain;   // which /dev/shm it sees ("device:inode"); see shares_shm()
   std::optional<bool> shm;  // its TcpMeshOptions::shm
 };
 
@@ -79,15 +84,26 @@ class TcpMesh {
   const std::vector<PeerRecord>& records() const { return records_; }
   // True when `peer` runs on this machine (same hostname and boot id).
   bool same_host(int peer) const;
+  // True when `peer` runs on this machine and sees the same /dev/shm, so that shared memory can
+  // join them (containers on one host with separate /dev/shm mounts do not).
+  bool shares_shm(int peer) const;
 
   // The sockets, indexed by rank; the entry for this rank is invalid. Leaves the mesh empty.
   std::vector<net::Socket> take_sockets();
 
   // This machine's fingerprint, as published: "hostname/boot-id".
   static std::string host_fingerprint();
+  // Which /dev/shm this process sees, as published: "device:inode" of the directory.
+  static std::string shm_domain();
+  // The store record a rank publishes: `peer`'s fields and, from rank 0, the group nonce. What a
+  // test writes to stand in for a rank.
+  static std::string encode_record(const PeerRecord& peer, uint64_t nonce);
 
  private:
   TcpMesh(int rank, int size) : rank_(rank), size_(size) {}
+  // connect()'s work; *published tells whether this rank's record is in the store yet.
+  static TcpMesh connect_ranks(Store& store, int rank, int size, const TcpMeshOptions& options,
+                               const std::string& where, bool* published);
 
   int rank_;
   int size_;

@@ -38,6 +38,12 @@ struct Config {
   int spin_us = -1;
   // WEFT_PLUGIN_PATH: colon-separated folders searched for libweft-backend-NAME.so.
   std::vector<std::string> plugin_path;
+  // WEFT_HOST_ADDR: the address this rank listens on and publishes to its peers ("10.0.0.5").
+  // Empty (default): the address of the interface that reaches the store's host.
+  std::string host_addr;
+  // WEFT_SOCKET_IFNAME: the network interface ("eth1") whose address this rank publishes, as
+  // GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME. WEFT_HOST_ADDR wins when both are set.
+  std::string socket_ifname;
 
   // Variables set with the WEFT_ prefix that weft does not know (likely typos); config() logs
   // a warning for each.

@@ -52,6 +52,7 @@ class PrefixStore final : public Store {
   Bytes queue_pop(const std::string& key, bool block = true,
                   std::chrono::milliseconds timeout = kDefaultTimeout) override;
   int64_t queue_len(const std::string& key) override;
+  std::string local_address() const override { return store_->local_address(); }
 
   using Store::set;
 

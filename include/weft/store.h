@@ -98,6 +98,11 @@ class Store {
                           std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
   virtual int64_t queue_len(const std::string& key) = 0;
 
+  // The local address ("10.0.0.5") over which this process reaches the store's server, when the
+  // store is a network client; "" when it is not (HashStore, FileStore). A backend publishes it so
+  // that peers on other hosts reach this rank the way it reaches the store. Wrappers forward it.
+  virtual std::string local_address() const { return ""; }
+
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 

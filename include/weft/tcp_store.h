@@ -57,6 +57,8 @@ class TCPStore : public Store {
   Bytes queue_pop(const std::string& key, bool block = true,
                   std::chrono::milliseconds timeout = kDefaultTimeout) override;
   int64_t queue_len(const std::string& key) override;
+  // The local end of the connection to the server (numeric, as getsockname gives it).
+  std::string local_address() const override { return local_address_; }
 
   // Round trip to the server; returns the time it took.
   std::chrono::nanoseconds ping();
@@ -69,6 +71,7 @@ class TCPStore : public Store {
   TCPStoreOptions options_;
   std::mutex mutex_;  // serialises whole request/reply exchanges on connection_
   std::unique_ptr<Connection> connection_;
+  std::string local_address_;
 };
 
 }  // namespace weft

@@ -139,8 +139,10 @@ TEST_CASE("tcp mesh setup times out naming the rank that published but never con
     if (rank == 2) {
       uint16_t port = 0;
       net::Socket listener = net::listen_on("127.0.0.1", 0, &port);
-      store.set("silent/2", fmt::format("weft-tcp-v2\n127.0.0.1\n{}\n{}\n{:016x}\nshm=-\n", port,
-                                        TcpMesh::host_fingerprint(), 0));
+      store.set("silent/2",
+                TcpMesh::encode_record(PeerRecord{"127.0.0.1", port, TcpMesh::host_fingerprint(),
+                                                  TcpMesh::shm_domain(), std::nullopt},
+                                       0));
       store.wait({"done/0", "done/1"}, 20s);
       return;
     }
@@ -195,6 +197,95 @@ TEST_CASE("ranks on one host with different WEFT_SHM fail at setup naming both s
           fmt::format("rank {} has WEFT_SHM={}, rank {} (this rank) has WEFT_SHM={}", peer,
                       peer == 0 ? 1 : 0, rank, rank == 0 ? 1 : 0);
       RANK_CHECK(std::string(e.what()).find(expected) != std::string::npos, "{}", e.what());
+    }
+    RANK_CHECK(Clock::now() - start < 10s, "took the timeout");
+  });
+}
+
+TEST_CASE("a peer on another host that published a loopback address fails setup at once", "[tcp]") {
+  // Rank 0 stands in for a rank on host "elsewhere" that published 127.0.0.1 (nobody set
+  // WEFT_HOST_ADDR there and its store was on loopback): from here, that address reaches this
+  // host, never rank 0. Rank 1 must say so at once, not retry until the timeout.
+  TempDir dir;
+  FileStore store(dir.file("store"), 2);
+  uint16_t port = 0;
+  net::Socket listener = net::listen_on("127.0.0.1", 0, &port);
+  store.set("far/0", TcpMesh::encode_record(
+                         PeerRecord{"127.0.0.1", port, "elsewhere/boot", "1:2", std::nullopt}, 7));
+  TcpMeshOptions options;
+  options.key_prefix = "far";
+  options.timeout = 60s;
+  const auto start = Clock::now();
+  try {
+    TcpMesh::connect(store, 1, 2, options);
+    FAIL("connect accepted a loopback address from another host");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e.what(), Catch::Contains(fmt::format(
+                             "rank 0 runs on another host but published the loopback address "
+                             "127.0.0.1:{}; on rank 0's host (elsewhere), set WEFT_SOCKET_IFNAME "
+                             "to the interface, or WEFT_HOST_ADDR to the address",
+                             port)));
+  }
+  CHECK(Clock::now() - start < 5s);
+}
+
+TEST_CASE("a published address that refuses connections fails setup in about a second", "[tcp]") {
+  // Rank 0's record names a port nobody listens on any more. A rank publishes its address after
+  // it listens, so a refusal is final: rank 1 fails after the short grace, naming the address,
+  // not after the 60 s timeout.
+  TempDir dir;
+  FileStore store(dir.file("store"), 2);
+  uint16_t port = 0;
+  net::listen_on("127.0.0.1", 0, &port).close();
+  store.set("refused/0",
+            TcpMesh::encode_record(PeerRecord{"127.0.0.1", port, TcpMesh::host_fingerprint(),
+                                              TcpMesh::shm_domain(), std::nullopt},
+                                   7));
+  TcpMeshOptions options;
+  options.key_prefix = "refused";
+  options.timeout = 60s;
+  const auto start = Clock::now();
+  try {
+    TcpMesh::connect(store, 1, 2, options);
+    FAIL("connect returned with nobody listening");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Io);
+    CHECK_THAT(e.what(),
+               Catch::Contains(fmt::format("127.0.0.1:{} refuses connections or is unreachable "
+                                           "(Connection refused)",
+                                           port)));
+    CHECK_THAT(e.what(), Catch::Contains("the address rank 0 published does not reach it"));
+    CHECK_THAT(e.what(), Catch::Contains("WEFT_HOST_ADDR"));
+  }
+  CHECK(Clock::now() - start < 10s);
+}
+
+TEST_CASE("a rank that cannot listen makes the others fail at once, naming it",
+          "[tcp][multiproc]") {
+  // Rank 1 is told to listen on an address this host does not have: it gives up before it
+  // publishes, and writes its error where its record would be, so that rank 0 (waiting for that
+  // record) fails now with rank 1's reason, not after the 60 s timeout.
+  TempDir dir;
+  run_ranks_ok(2, [&](int rank) {
+    FileStore store(dir.file("store"), 2);
+    TcpMeshOptions options;
+    options.key_prefix = "cannot-listen";
+    options.timeout = 60s;
+    if (rank == 1) options.host = "192.0.2.1";  // TEST-NET-1: never a local address
+    const auto start = Clock::now();
+    try {
+      TcpMesh::connect(store, rank, 2, options);
+      RANK_CHECK(false, "connect returned although rank 1 cannot listen");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      RANK_CHECK(what.find("cannot listen on 192.0.2.1 (from the backend's host option)") !=
+                     std::string::npos,
+                 "{}", what);
+      if (rank == 0) {
+        RANK_CHECK(what.find("rank 1 gave up before it published its address") != std::string::npos,
+                   "{}", what);
+      }
     }
     RANK_CHECK(Clock::now() - start < 10s, "took the timeout");
   });

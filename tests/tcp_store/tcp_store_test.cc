@@ -15,6 +15,8 @@
 #include <catch2/catch.hpp>
 
 #include "weft/error.h"
+#include "weft/hash_store.h"
+#include "weft/prefix_store.h"
 #include "weft/tcp_store_server.h"
 
 #include "tests/store/store_contract.h"
@@ -78,6 +80,17 @@ WEFT_STORE_CONTRACT_TEST(TcpStoreFixture, "TCPStore", "[tcp_store]", multi_set_r
                          "multi_set with fewer values than keys throws and sets nothing")
 
 namespace {
+
+TEST_CASE("TCPStore names the local address it reaches the server by; wrappers pass it on",
+          "[tcp_store]") {
+  // What the tcp backend publishes so that peers on other hosts reach this rank.
+  TcpStoreFixture f;
+  auto store = f.client();
+  CHECK(store->local_address() == "127.0.0.1");
+  PrefixStore prefixed("group", store);
+  CHECK(prefixed.local_address() == "127.0.0.1");
+  CHECK(HashStore().local_address().empty());
+}
 
 TEST_CASE("TCPStore get parks a WAIT on the server and returns when another client sets the key",
           "[tcp_store][threaded]") {
