@@ -125,6 +125,16 @@ TcpStoreServer::Impl::Impl(TcpStoreServerOptions options)
   listener_ = net::listen_on(options_.host, options_.port, &port_);
   net::set_nonblocking(listener_.fd());
   where_ = fmt::format("store server {}:{}", options_.host, port_);
+  // Anyone who reaches an open store can read and overwrite the job's rendezvous keys. Said once
+  // per process: a job's groups do not start servers of their own, but tests start many.
+  static std::atomic<bool> warned{false};
+  if (token_.empty() && !net::is_loopback(options_.host) && !warned.exchange(true)) {
+    WEFT_LOG_WARN(
+        "{}: listening on a non-loopback address without authentication: anyone who reaches "
+        "port {} can read and overwrite this job's rendezvous keys; set WEFT_STORE_TOKEN to the "
+        "same secret on every rank (and launcher) to refuse clients without it",
+        where_, port_);
+  }
 
   epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
   wake_ = net::Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));

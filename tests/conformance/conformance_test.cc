@@ -45,6 +45,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -709,17 +710,17 @@ void wait_for(const std::shared_ptr<Work>& work, const std::string& where) {
   }
 }
 
-// One rank of a world: the world through a store on rank 0 at `port`, and one sub-group per
-// (algorithm in `algos`, shm setting in `shms`), all under WEFT_DEBUG=detail when
+// One rank of a world: the world through a store on rank 0 at `host`:`port`, and one sub-group
+// per (algorithm in `algos`, shm setting in `shms`), all under WEFT_DEBUG=detail when
 // `debug_detail`. Throws the rank's failed checks and errors.
 void run_rank(int rank, int size, uint16_t port, const std::vector<std::string>& algos,
               const std::function<void(Rank&)>& body, const std::vector<std::string>& shms,
-              bool debug_detail) {
+              bool debug_detail, const std::string& host = "127.0.0.1") {
   const std::string backend = backend_under_test();
   // Before weft reads its configuration, which it does once per process.
   if (debug_detail) setenv("WEFT_DEBUG", "detail", 1);
   ProcessGroupOptions options;
-  options.url = fmt::format("tcp://127.0.0.1:{}", port);
+  options.url = fmt::format("tcp://{}:{}", host, port);
   options.rank = rank;
   options.world_size = size;
   options.backend = backend;
@@ -759,7 +760,8 @@ void run_rank(int rank, int size, uint16_t port, const std::vector<std::string>&
 
 // Under WEFT_TEST_LAUNCHER=env: this process is one rank of the launcher's world, so only that
 // world size runs, here; the others are skipped. Rank 0 picks the port of the world's store and
-// tells the other ranks through the launcher's store. A failure fails this rank's test case.
+// tells the other ranks, with its address (the one it reaches the launcher's store by: the ranks
+// may run on several hosts), through the launcher's store. A failure fails this rank's test case.
 void run_launched_world(int size, const std::vector<std::string>& algos,
                         const std::function<void(Rank&)>& body,
                         const std::vector<std::string>& shms, bool debug_detail) {
@@ -775,18 +777,24 @@ void run_launched_world(int size, const std::vector<std::string>& algos,
     }
   }
   const std::string key = fmt::format("conformance/world/{}/port", ++l.worlds);
+  // The world's own store is hosted by its rank 0, not by the launcher that hosts the
+  // launcher's store (weftrun and torchrun say so for every rendezvous in their ranks).
+  unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+  std::string host = "127.0.0.1";
   uint16_t port = 0;
   if (l.rdzv.rank == 0) {
     port = test::free_port();
-    const std::string text = std::to_string(port);
+    if (std::string local = l.rdzv.store->local_address(); !local.empty()) host = local;
+    const std::string text = fmt::format("{} {}", host, port);
     l.rdzv.store->set(key, Bytes(text.begin(), text.end()));
   } else {
-    const Bytes text = l.rdzv.store->get(key, seconds(150));
-    port = static_cast<uint16_t>(std::stoi(std::string(text.begin(), text.end())));
+    const Bytes bytes = l.rdzv.store->get(key, seconds(150));
+    std::istringstream text(std::string(bytes.begin(), bytes.end()));
+    text >> host >> port;
   }
   std::string failure;
   try {
-    run_rank(l.rdzv.rank, size, port, algos, body, shms, debug_detail);
+    run_rank(l.rdzv.rank, size, port, algos, body, shms, debug_detail, host);
   } catch (const std::exception& e) {
     failure = fmt::format("rank {} failed: {}", l.rdzv.rank, e.what());
   }
