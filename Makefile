@@ -14,7 +14,7 @@ JOBS       ?= $(shell nproc)
 # fences order memory between processes, which TSan does not observe anyway.
 MESON_TEST  = meson test --num-processes $(JOBS) --print-errorlogs
 
-.PHONY: all deps build run test test-asan test-tsan check format format-check clean
+.PHONY: all deps build run test test-asan test-tsan fuzz check format format-check clean
 
 all: build
 
@@ -54,7 +54,13 @@ test-tsan: deps $(TSAN_BUILD)/build.ninja
 	  $(MESON_TEST) -C $(TSAN_BUILD) --suite threaded --timeout-multiplier 4; status=$$?; \
 	  scripts/test-summary $(TSAN_BUILD); exit $$status
 
-check: test test-asan test-tsan
+# libFuzzer on the store server's parser and connection state machine, 60 s each (scripts/fuzz-store).
+FUZZ_SECONDS ?= 60
+fuzz:
+	@scripts/install-deps --fuzz
+	scripts/fuzz-store $(FUZZ_SECONDS)
+
+check: test test-asan test-tsan fuzz
 
 format:
 	git ls-files '*.h' '*.cc' '*.c' | xargs clang-format -i
