@@ -9,6 +9,11 @@
 // world sizes 6 and 7 too, more counts, and every form, root and placement for every combination
 // (minutes, not seconds). WEFT_TEST_WORLD_SIZES=3,8 runs only the sizes listed.
 //
+// WEFT_TEST_UNSUPPORTED=report (weft-conformance --unsupported=report) turns an Error(Unsupported)
+// from the backend into a note instead of a failure: the test case stops at that world size, the
+// note (world size and the error's text) goes to conformance_report.h's list, which
+// weft-conformance prints as a table, and the case passes unless something else failed.
+//
 // WEFT_TEST_LAUNCHER=env runs the suite under an outside launcher instead of forking its ranks:
 // every process is one rank (`mpirun -n 4 -x WEFT_TEST_LAUNCHER=env conformance_test`, for a
 // backend whose ranks must be MPI's), rank and world size come from the launcher's environment
@@ -55,6 +60,7 @@
 #include "weft/rendezvous.h"
 #include "weft/tcp_store.h"
 
+#include "tests/conformance/conformance_report.h"
 #include "tests/support/multiproc.h"
 
 namespace weft {
@@ -68,6 +74,25 @@ using std::chrono::seconds;
 std::string backend_under_test() {
   const char* value = std::getenv("WEFT_TEST_BACKEND");
   return value && *value ? value : "tcp";
+}
+
+bool report_unsupported() {
+  const char* value = std::getenv("WEFT_TEST_UNSUPPORTED");
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "fail") return false;
+  if (std::string_view(value) == "report") return true;
+  throw std::invalid_argument(
+      fmt::format("WEFT_TEST_UNSUPPORTED=\"{}\": expected fail (the default) or report", value));
+}
+
+// How a rank that met Error(Unsupported) under report_unsupported() says so on its stderr.
+constexpr std::string_view kUnsupportedMarker = "conformance: unsupported: ";
+
+// The first unsupported report among the ranks' outputs ("" when none): the rest of its line.
+std::string unsupported_in(const std::string& output) {
+  const size_t at = output.find(kUnsupportedMarker);
+  if (at == std::string::npos) return "";
+  const size_t from = at + kUnsupportedMarker.size();
+  return output.substr(from, output.find('\n', from) - from);
 }
 
 bool full_run() {
@@ -704,6 +729,9 @@ struct Rank {
 void wait_for(const std::shared_ptr<Work>& work, const std::string& where) {
   try {
     work->wait();
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::Unsupported && report_unsupported()) throw;  // run_rank says so
+    throw std::runtime_error(fmt::format("{}: the collective failed: {}", where, e.what()));
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("{}: the collective failed: {}", where, e.what()));
   }
@@ -712,9 +740,9 @@ void wait_for(const std::shared_ptr<Work>& work, const std::string& where) {
 // One rank of a world: the world through a store on rank 0 at `port`, and one sub-group per
 // (algorithm in `algos`, shm setting in `shms`), all under WEFT_DEBUG=detail when
 // `debug_detail`. Throws the rank's failed checks and errors.
-void run_rank(int rank, int size, uint16_t port, const std::vector<std::string>& algos,
-              const std::function<void(Rank&)>& body, const std::vector<std::string>& shms,
-              bool debug_detail) {
+void run_rank_body(int rank, int size, uint16_t port, const std::vector<std::string>& algos,
+                   const std::function<void(Rank&)>& body, const std::vector<std::string>& shms,
+                   bool debug_detail) {
   const std::string backend = backend_under_test();
   // Before weft reads its configuration, which it does once per process.
   if (debug_detail) setenv("WEFT_DEBUG", "detail", 1);
@@ -757,6 +785,31 @@ void run_rank(int rank, int size, uint16_t port, const std::vector<std::string>&
   r.report.throw_if_any();
 }
 
+// run_rank_body(), with an Error(Unsupported) marked as such under report_unsupported() (every
+// rank of the world meets it, or the ranks that do not fail for their peers' leaving).
+void run_rank(int rank, int size, uint16_t port, const std::vector<std::string>& algos,
+              const std::function<void(Rank&)>& body, const std::vector<std::string>& shms,
+              bool debug_detail) {
+  try {
+    run_rank_body(rank, size, port, algos, body, shms, debug_detail);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::Unsupported || !report_unsupported()) throw;
+    throw std::runtime_error(fmt::format("{}{}", kUnsupportedMarker, e.what()));
+  }
+}
+
+// Under report_unsupported(): notes an unsupported report in `failures` and says so; false (and
+// nothing noted) when there is none, or when reporting is off.
+bool noted_unsupported(int size, const std::string& failures) {
+  if (failures.empty() || !report_unsupported()) return false;
+  std::string what = unsupported_in(failures);
+  if (what.empty()) return false;
+  WARN("world size " << size << ": unsupported by backend " << backend_under_test() << ": "
+                     << what);
+  conformance::unsupported_notes().push_back({size, std::move(what)});
+  return true;
+}
+
 // Under WEFT_TEST_LAUNCHER=env: this process is one rank of the launcher's world, so only that
 // world size runs, here; the others are skipped. Rank 0 picks the port of the world's store and
 // tells the other ranks through the launcher's store. A failure fails this rank's test case.
@@ -790,6 +843,7 @@ void run_launched_world(int size, const std::vector<std::string>& algos,
   } catch (const std::exception& e) {
     failure = fmt::format("rank {} failed: {}", l.rdzv.rank, e.what());
   }
+  if (noted_unsupported(size, failure)) return;
   INFO("world size " << size << ", backend " << backend_under_test() << "\n" << failure);
   CHECK(failure.empty());
 }
@@ -807,6 +861,7 @@ void run_world(int size, const std::vector<std::string>& algos,
       size, [&](int rank) { run_rank(rank, size, port, algos, body, shms, debug_detail); },
       seconds(150));
   const std::string failures = test::describe_failures(results);
+  if (noted_unsupported(size, failures)) return;
   INFO("world size " << size << ", backend " << backend << "\n" << failures);
   CHECK(failures.empty());
 }
@@ -2180,4 +2235,13 @@ TEST_CASE("argument errors are InvalidArgument naming the argument, and issue no
 }
 
 }  // namespace
+
+namespace conformance {
+
+std::vector<UnsupportedNote>& unsupported_notes() {
+  static std::vector<UnsupportedNote> notes;
+  return notes;
+}
+
+}  // namespace conformance
 }  // namespace weft
