@@ -298,7 +298,8 @@ REFERENCE bool is_signed_integer(DType dtype) {
   return dtype == DType::Int8 || dtype == DType::Int32 || dtype == DType::Int64;
 }
 
-// The integer the bits hold: sign-extended for signed dtypes, zero-extended for uint8 and bool.
+// The integer the bits hold: sign-extended for signed dtypes, zero-extended for the unsigned
+// ones and bool (uint64 above 2^63 comes out negative: compare and divide those as uint64_t).
 REFERENCE int64_t int_value(DType dtype, uint64_t bits) {
   bits &= width_mask(dtype);
   const size_t width = 8 * dtype_size(dtype);
@@ -322,6 +323,7 @@ std::string show(DType dtype, uint64_t bits) {
   if (is_floating(dtype))
     return fmt::format("{} (0x{:0{}x})", float_value(dtype, bits), bits, digits);
   if (dtype == DType::Bool) return fmt::format("0x{:02x}", bits);
+  if (dtype == DType::UInt64) return fmt::format("{}", bits);
   return fmt::format("{}", int_value(dtype, bits));
 }
 
@@ -518,10 +520,14 @@ class Reduction {
           acc *= bits;
           break;
         case ReduceOp::Min:
-          extreme = std::min(extreme, x);
+          extreme = dtype_ == DType::UInt64
+                        ? static_cast<int64_t>(std::min(static_cast<uint64_t>(extreme), bits))
+                        : std::min(extreme, x);
           break;
         case ReduceOp::Max:
-          extreme = std::max(extreme, x);
+          extreme = dtype_ == DType::UInt64
+                        ? static_cast<int64_t>(std::max(static_cast<uint64_t>(extreme), bits))
+                        : std::max(extreme, x);
           break;
         case ReduceOp::BAnd:
           acc &= bits;
@@ -539,7 +545,8 @@ class Reduction {
     if (op_ == ReduceOp::Min || op_ == ReduceOp::Max) acc = static_cast<uint64_t>(extreme);
     if (op_ == ReduceOp::Avg) {
       // The wrapped sum, read in the dtype, divided truncating toward zero (C++'s division).
-      acc = static_cast<uint64_t>(int_value(dtype_, acc) / ranks_);
+      acc = dtype_ == DType::UInt64 ? acc / static_cast<uint64_t>(ranks_)
+                                    : static_cast<uint64_t>(int_value(dtype_, acc) / ranks_);
     }
     return acc & width_mask(dtype_);
   }
