@@ -262,6 +262,10 @@ double load(DType t, const void* base, size_t i) {
       return static_cast<const int32_t*>(base)[i];
     case DType::Int64:
       return double(static_cast<const int64_t*>(base)[i]);
+    case DType::UInt32:
+      return static_cast<const uint32_t*>(base)[i];
+    case DType::UInt64:
+      return double(static_cast<const uint64_t*>(base)[i]);
     case DType::Bool:
       return static_cast<const uint8_t*>(base)[i];
   }
@@ -293,6 +297,12 @@ void store(DType t, void* base, size_t i, double v) {
       break;
     case DType::Int64:
       static_cast<int64_t*>(base)[i] = int64_t(v);
+      break;
+    case DType::UInt32:
+      static_cast<uint32_t*>(base)[i] = uint32_t(v);
+      break;
+    case DType::UInt64:
+      static_cast<uint64_t*>(base)[i] = uint64_t(v);
       break;
     case DType::Bool:
       static_cast<uint8_t*>(base)[i] = v != 0;

@@ -66,7 +66,10 @@ static_assert(same(WEFT_FLOAT32, static_cast<int>(DType::Float32)) &&
               same(WEFT_UINT8, static_cast<int>(DType::UInt8)) &&
               same(WEFT_INT32, static_cast<int>(DType::Int32)) &&
               same(WEFT_INT64, static_cast<int>(DType::Int64)) &&
-              same(WEFT_BOOL, static_cast<int>(DType::Bool)) && same(WEFT_BOOL + 1, kNumDTypes));
+              same(WEFT_BOOL, static_cast<int>(DType::Bool)) &&
+              same(WEFT_UINT32, static_cast<int>(DType::UInt32)) &&
+              same(WEFT_UINT64, static_cast<int>(DType::UInt64)) &&
+              same(WEFT_UINT64 + 1, kNumDTypes));
 static_assert(same(WEFT_SUM, ReduceOp::Sum) && same(WEFT_PROD, ReduceOp::Prod) &&
               same(WEFT_MIN, ReduceOp::Min) && same(WEFT_MAX, ReduceOp::Max) &&
               same(WEFT_AVG, ReduceOp::Avg) && same(WEFT_PREMUL_SUM, ReduceOp::PremulSum) &&

@@ -27,7 +27,7 @@ std::string lowercase(std::string_view text) {
 }
 
 // Names a user may type, with what they mean. The canonical name of each dtype comes first.
-constexpr std::array<std::pair<std::string_view, DType>, 21> kDTypeNames = {{
+constexpr std::array<std::pair<std::string_view, DType>, 25> kDTypeNames = {{
     {"float32", DType::Float32},
     {"float64", DType::Float64},
     {"float16", DType::Float16},
@@ -37,6 +37,8 @@ constexpr std::array<std::pair<std::string_view, DType>, 21> kDTypeNames = {{
     {"int32", DType::Int32},
     {"int64", DType::Int64},
     {"bool", DType::Bool},
+    {"uint32", DType::UInt32},
+    {"uint64", DType::UInt64},
     // PyTorch's aliases (torch.float, torch.double, torch.half, torch.int, torch.long) and the
     // nccl-tests / NCCL spellings (-d half, ncclFloat16, ncclBfloat16, ...).
     {"float", DType::Float32},
@@ -51,6 +53,8 @@ constexpr std::array<std::pair<std::string_view, DType>, 21> kDTypeNames = {{
     {"char", DType::Int8},
     {"byte", DType::UInt8},
     {"uint8_t", DType::UInt8},
+    {"uint32_t", DType::UInt32},
+    {"uint64_t", DType::UInt64},
 }};
 
 constexpr std::array<std::string_view, ReduceOp::kNumKinds> kReduceOpNames = {

@@ -174,8 +174,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   }
   std::vector<int> global(size);
   std::iota(global.begin(), global.end(), 0);
-  return make_group(world, options.name, rank, size, options.name, timeout, std::move(global),
-                    options.backend, options.backend_settings, {});
+  auto group = make_group(world, options.name, rank, size, options.name, timeout, std::move(global),
+                          options.backend, options.backend_settings, {});
+  offer_default_group(group);
+  return group;
 }
 
 }  // namespace weft

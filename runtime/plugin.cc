@@ -35,7 +35,7 @@ namespace {
 
 // The newest ABI version this weft implements, and how far beyond it to look for a plugin that
 // is newer than this weft (only to say so).
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 constexpr int kProbeNewerUpTo = 9;
 
 std::vector<std::string> search_dirs() {
@@ -54,43 +54,20 @@ std::vector<std::string> search_dirs() {
   return dirs;
 }
 
-// Checks one opened library; returns its struct or throws with why it is refused.
-const weftBackendPlugin_v1_t* check_plugin(void* handle, const std::string& file,
-                                           std::string_view expected_name) {
-  const weftBackendPlugin_v1_t* plugin = nullptr;
-  for (int version = kAbiVersion; version >= 1 && plugin == nullptr; --version) {
-    plugin = static_cast<const weftBackendPlugin_v1_t*>(
-        dlsym(handle, fmt::format("weftBackendPlugin_v{}", version).c_str()));
+// The checks every version shares, on its struct's leading members (the same in every version:
+// name, abi_version, struct_size, devices) and callbacks. Throws through `refuse`.
+template <typename Plugin, typename Refuse>
+void check_members(const Plugin* plugin, int version, std::string_view expected_name,
+                   const Refuse& refuse) {
+  if (plugin->abi_version != static_cast<uint32_t>(version)) {
+    refuse(fmt::format("weftBackendPlugin_v{} says abi_version {}, not {}", version,
+                       plugin->abi_version, version));
   }
-  auto refuse = [&](std::string_view why) {
-    throw_error(ErrorCode::InvalidArgument, "backend plugin", fmt::format("{}: {}", file, why));
-  };
-  if (plugin == nullptr) {
-    std::vector<std::string> newer;
-    for (int version = kAbiVersion + 1; version <= kProbeNewerUpTo; ++version) {
-      std::string symbol = fmt::format("weftBackendPlugin_v{}", version);
-      if (dlsym(handle, symbol.c_str()) != nullptr) newer.push_back(symbol);
-    }
-    if (!newer.empty()) {
-      refuse(
-          fmt::format("it exports only {}, newer than this weft, which loads "
-                      "weftBackendPlugin_v1 up to v{}: rebuild it against this weft's "
-                      "plugin.h, or upgrade weft",
-                      fmt::join(newer, ", "), kAbiVersion));
-    }
+  if (plugin->struct_size != sizeof(Plugin)) {
     refuse(
-        fmt::format("exports no weftBackendPlugin_vN symbol (this weft loads v1 up to v{}); "
-                    "is it a weft backend plugin?",
-                    kAbiVersion));
-  }
-  if (plugin->abi_version != 1) {
-    refuse(fmt::format("weftBackendPlugin_v1 says abi_version {}, not 1", plugin->abi_version));
-  }
-  if (plugin->struct_size != sizeof(weftBackendPlugin_v1_t)) {
-    refuse(
-        fmt::format("weftBackendPlugin_v1 has struct_size {}, this weft's plugin.h defines {} "
+        fmt::format("weftBackendPlugin_v{} has struct_size {}, this weft's plugin.h defines {} "
                     "bytes: it was built against a different plugin.h",
-                    plugin->struct_size, sizeof(weftBackendPlugin_v1_t)));
+                    version, plugin->struct_size, sizeof(Plugin)));
   }
   if (plugin->name == nullptr || plugin->name[0] == '\0') refuse("its name is empty");
   if (!expected_name.empty() && expected_name != plugin->name) {
@@ -103,18 +80,54 @@ const weftBackendPlugin_v1_t* check_plugin(void* handle, const std::string& file
   if ((plugin->devices & ((1u << WEFT_DEVICE_CPU) | (1u << WEFT_DEVICE_CUDA))) == 0) {
     refuse(fmt::format("it serves no device kind weft knows (devices = {:#x})", plugin->devices));
   }
-  return plugin;
 }
 
-Registry::Entry entry_for(const weftBackendPlugin_v1_t* plugin) {
+// Checks one opened library; returns its table (lifted to the newest version) or throws with
+// why it is refused. The newest version the library exports is the one used.
+const PluginTable* check_plugin(void* handle, const std::string& file,
+                                std::string_view expected_name) {
+  auto refuse = [&](std::string_view why) {
+    throw_error(ErrorCode::InvalidArgument, "backend plugin", fmt::format("{}: {}", file, why));
+  };
+  if (const auto* v2 =
+          static_cast<const weftBackendPlugin_v2_t*>(dlsym(handle, WEFT_PLUGIN_SYMBOL_V2))) {
+    check_members(v2, 2, expected_name, refuse);
+    return new PluginTable{.abi_version = 2, .v2 = *v2};  // never freed: plugins stay loaded
+  }
+  if (const auto* v1 =
+          static_cast<const weftBackendPlugin_v1_t*>(dlsym(handle, WEFT_PLUGIN_SYMBOL_V1))) {
+    check_members(v1, 1, expected_name, refuse);
+    return new PluginTable(adapt_plugin_v1(v1));
+  }
+  std::vector<std::string> newer;
+  for (int version = kAbiVersion + 1; version <= kProbeNewerUpTo; ++version) {
+    std::string symbol = fmt::format("weftBackendPlugin_v{}", version);
+    if (dlsym(handle, symbol.c_str()) != nullptr) newer.push_back(symbol);
+  }
+  if (!newer.empty()) {
+    refuse(
+        fmt::format("it exports only {}, newer than this weft, which loads "
+                    "weftBackendPlugin_v1 up to v{}: rebuild it against this weft's "
+                    "plugin.h, or upgrade weft",
+                    fmt::join(newer, ", "), kAbiVersion));
+  }
+  refuse(
+      fmt::format("exports no weftBackendPlugin_vN symbol (this weft loads v1 up to v{}); "
+                  "is it a weft backend plugin?",
+                  kAbiVersion));
+  return nullptr;  // not reached: refuse() throws
+}
+
+Registry::Entry entry_for(const PluginTable* table) {
+  const weftBackendPlugin_v2_t* plugin = &table->v2;
   Registry::Entry entry;
   entry.name = plugin->name;
   if (plugin->devices & (1u << WEFT_DEVICE_CPU)) entry.devices.push_back(DeviceKind::Cpu);
   if (plugin->devices & (1u << WEFT_DEVICE_CUDA)) entry.devices.push_back(DeviceKind::Cuda);
   // The group makes one backend per device kind it maps to this plugin; a context serves one.
   DeviceKind kind = entry.devices.front();
-  entry.factory = [plugin, kind](const BackendOptions& options) -> std::unique_ptr<Backend> {
-    return make_plugin_backend(plugin, options, kind);
+  entry.factory = [table, kind](const BackendOptions& options) -> std::unique_ptr<Backend> {
+    return make_plugin_backend(table, options, kind);
   };
   return entry;
 }
@@ -147,7 +160,7 @@ void check_regular(const std::string& file) {
 }
 
 // Opens `file` (a path); never closed: a plugin may keep threads and statics until exit.
-const weftBackendPlugin_v1_t* open_plugin(const std::string& file, std::string_view expected_name) {
+const PluginTable* open_plugin(const std::string& file, std::string_view expected_name) {
   check_regular(file);
   void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
@@ -166,15 +179,17 @@ const weftBackendPlugin_v1_t* open_plugin(const std::string& file, std::string_v
 }  // namespace
 
 std::string Registry::load_plugin(const std::string& path) {
-  const weftBackendPlugin_v1_t* plugin = open_plugin(path, "");
+  const PluginTable* table = open_plugin(path, "");
+  const weftBackendPlugin_v2_t* plugin = &table->v2;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Entry& known : entries_) {
       if (known.name == plugin->name) return known.name;  // loaded before (or a built-in)
     }
   }
-  add(entry_for(plugin));
-  WEFT_LOG_INFO("loaded backend plugin \"{}\" from {}", plugin->name, path);
+  add(entry_for(table));
+  WEFT_LOG_INFO("loaded backend plugin \"{}\" from {} (ABI v{})", plugin->name, path,
+                table->abi_version);
   return plugin->name;
 }
 
@@ -191,15 +206,16 @@ Registry::Entry Registry::resolve(std::string_view name) {
       continue;
     }
     try {
-      const weftBackendPlugin_v1_t* plugin = open_plugin(path, name);
+      const PluginTable* table = open_plugin(path, name);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         for (const Entry& known : entries_) {
           if (known.name == name) return known;  // another thread loaded it meanwhile
         }
       }
-      add(entry_for(plugin));
-      WEFT_LOG_INFO("loaded backend plugin \"{}\" from {}", name, path);
+      add(entry_for(table));
+      WEFT_LOG_INFO("loaded backend plugin \"{}\" from {} (ABI v{})", name, path,
+                    table->abi_version);
       return find(name);
     } catch (const Error& e) {
       // Refused or unloadable: say why, and go on with the next directory.

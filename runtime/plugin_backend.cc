@@ -36,8 +36,7 @@ void name_thread(std::thread& thread, const std::string& name) {
 
 class PluginBackend : public Backend {
  public:
-  PluginBackend(const weftBackendPlugin_v1_t* plugin, const BackendOptions& options,
-                DeviceKind kind)
+  PluginBackend(const PluginTable* plugin, const BackendOptions& options, DeviceKind kind)
       : core_(std::make_shared<PluginCore>(plugin, options)),
         // A Work's default wait() gives the watchdog (at the group's timeout, counted from the
         // call's start) a margin to fire first: its Timeout names the plugin and the call.
@@ -54,7 +53,7 @@ class PluginBackend : public Backend {
     if (init->global.empty()) {
       for (int r = 0; r < options.size; ++r) init->global.push_back(r);
     }
-    weftInitArgs_v1_t& args = init->args;
+    weftInitArgs_v2_t& args = init->args;
     args.struct_size = sizeof args;
     args.rank = options.rank;
     args.size = options.size;
@@ -68,6 +67,13 @@ class PluginBackend : public Backend {
     args.setting_keys = init->key_ptrs.data();
     args.setting_values = init->value_ptrs.data();
     args.global_ranks = init->global.data();
+    // The same for a v1 plugin, with the store table of its version.
+    init->args_v1 =
+        weftInitArgs_v1_t{sizeof(weftInitArgs_v1_t), args.rank,         args.size,
+                          args.device_kind,          args.group_name,   args.timeout_ms,
+                          &c.store.table_v1,         args.log,          args.log_ctx,
+                          args.num_settings,         args.setting_keys, args.setting_values,
+                          args.global_ranks};
 
     ErrorContext where = c.group;
     where.op = fmt::format("plugin {} init", c.name);
@@ -250,7 +256,7 @@ class PluginBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_plugin_backend(const weftBackendPlugin_v1_t* plugin,
+std::unique_ptr<Backend> make_plugin_backend(const PluginTable* plugin,
                                              const BackendOptions& options, DeviceKind kind) {
   return std::make_unique<PluginBackend>(plugin, options, kind);
 }

@@ -54,7 +54,8 @@ inline weft_result_t result_of(const Error& e) { return static_cast<weft_result_
 struct StoreBridge {
   std::shared_ptr<Store> store;
   std::chrono::milliseconds group_timeout;
-  weftStore_v1_t table{};
+  weftStore_v2_t table{};
+  weftStore_v1_t table_v1{};  // the same calls without delete_key, for v1 plugins
 
   std::chrono::milliseconds timeout(int64_t ms) const {
     return ms < 0 ? group_timeout : std::chrono::milliseconds(ms);
@@ -124,6 +125,10 @@ struct StoreBridge {
         sizes[i] = got[i].size();
       }
     });
+  }
+  static weft_result_t delete_key(void* ctx, const char* key, int32_t* deleted) {
+    if (key == nullptr || deleted == nullptr) return WEFT_ERR_INVALID_ARGUMENT;
+    return of(ctx).call([&] { *deleted = of(ctx).store->delete_key(key) ? 1 : 0; });
   }
   static weft_result_t compare_set(void* ctx, const char* key, const void* expected,
                                    size_t expected_size, const void* desired, size_t desired_size,

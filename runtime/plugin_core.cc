@@ -56,15 +56,16 @@ weftCollective_v1_t describe(const Collective& c, Descriptor& d) {
 
 }  // namespace
 
-PluginCore::PluginCore(const weftBackendPlugin_v1_t* p, const BackendOptions& options)
-    : plugin(p),
-      name(p->name),
+PluginCore::PluginCore(const PluginTable* p, const BackendOptions& options)
+    : table(p),
+      plugin(&p->v2),
+      name(p->v2.name),
       group{.rank = options.rank, .size = options.size, .group = options.group_name},
       timeout(options.timeout),
-      polling(p->test != nullptr) {
+      polling(p->v2.test != nullptr) {
   store.store = options.store;
   store.group_timeout = options.timeout;
-  store.table = weftStore_v1_t{&store,
+  store.table = weftStore_v2_t{&store,
                                &StoreBridge::set,
                                &StoreBridge::get,
                                &StoreBridge::free_value,
@@ -72,7 +73,17 @@ PluginCore::PluginCore(const weftBackendPlugin_v1_t* p, const BackendOptions& op
                                &StoreBridge::wait,
                                &StoreBridge::check,
                                &StoreBridge::multi_get,
-                               &StoreBridge::compare_set};
+                               &StoreBridge::compare_set,
+                               &StoreBridge::delete_key};
+  store.table_v1 = weftStore_v1_t{&store,
+                                  &StoreBridge::set,
+                                  &StoreBridge::get,
+                                  &StoreBridge::free_value,
+                                  &StoreBridge::add,
+                                  &StoreBridge::wait,
+                                  &StoreBridge::check,
+                                  &StoreBridge::multi_get,
+                                  &StoreBridge::compare_set};
   log.prefix = fmt::format("rank {}/{} group \"{}\" plugin {}", options.rank, options.size,
                            options.group_name, name);
 }
@@ -82,7 +93,9 @@ PluginCore::PluginCore(const weftBackendPlugin_v1_t* p, const BackendOptions& op
 void PluginCore::run(std::unique_ptr<InitStorage> init) {
   char error[kMessageSize] = {};
   void* made = nullptr;
-  const weft_result_t result = plugin->init(&init->args, &made, error, sizeof error);
+  const weft_result_t result = table->init_v1 != nullptr
+                                   ? table->init_v1(&init->args_v1, &made, error, sizeof error)
+                                   : plugin->init(&init->args, &made, error, sizeof error);
   init.reset();
   std::unique_lock<std::mutex> lock(mutex);
   init_done = true;

@@ -38,6 +38,7 @@
 #include "weft/plugin.h"
 #include "weft/work.h"
 
+#include "runtime/plugin_backend.h"
 #include "runtime/plugin_bridge.h"
 
 namespace weft::plugin_detail {
@@ -68,7 +69,8 @@ struct InitStorage {
   std::vector<std::string> keys, values;
   std::vector<const char*> key_ptrs, value_ptrs;
   std::vector<int32_t> global;
-  weftInitArgs_v1_t args{};
+  weftInitArgs_v2_t args{};
+  weftInitArgs_v1_t args_v1{};  // the same, with the v1 store table, for a v1 plugin
 };
 
 struct PluginCore {
@@ -77,7 +79,7 @@ struct PluginCore {
   // sleeping: a stream of posts, or a post/wait loop, then wakes no thread.
   static constexpr std::chrono::microseconds kSpin{50};
 
-  PluginCore(const weftBackendPlugin_v1_t* p, const BackendOptions& options);
+  PluginCore(const PluginTable* p, const BackendOptions& options);
 
   // ---- The plugin thread: init(), then posts and tests until stopped or finalized.
   void run(std::unique_ptr<InitStorage> init);
@@ -97,7 +99,8 @@ struct PluginCore {
   // The watchdog thread: wakes every timeout / 8 (1 to 250 ms) until watchdog_stop.
   void watchdog(const std::shared_ptr<PluginCore>& self);
 
-  const weftBackendPlugin_v1_t* const plugin;
+  const PluginTable* const table;
+  const weftBackendPlugin_v2_t* const plugin;  // &table->v2
   const std::string name;
   const ErrorContext group;  // rank, size and group: how messages about the context start
   const std::chrono::milliseconds timeout;

@@ -277,6 +277,8 @@ void ProcessGroup::abort(const std::string& reason) {
     }
   }
   s.abort_signal->raise(reason);
+  fail_self_messages(s, std::make_exception_ptr(
+                            Error(ErrorCode::Aborted, s.context("send/recv to self", 0), reason)));
   WEFT_LOG_INFO("rank {}/{} group \"{}\": aborted: {}", s.rank, s.size, s.name, reason);
   // Backends live until destroy(), which takes the mutex after us: the pointers stay valid.
   for (Backend* backend : backends) backend->abort(reason);
@@ -304,6 +306,10 @@ void ProcessGroup::destroy() {
     backends = std::move(s.backends);
     s.backends.clear();
   }
+  forget_default_group(this);
+  fail_self_messages(s, std::make_exception_ptr(
+                            Error(ErrorCode::Aborted, s.context("send/recv to self", 0),
+                                  "the group was destroyed before the other half was posted")));
   // Each backend drains what was issued (up to the timeout), then aborts the rest and joins.
   backends.clear();
 }

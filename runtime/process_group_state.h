@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -62,6 +63,12 @@ struct CoalescedCalls {
   std::optional<DeviceKind> device;
 };
 
+// A send or receive to or from this rank itself, waiting for its other half (send/recv).
+struct SelfMessage {
+  Tensor tensor;
+  std::shared_ptr<Work> work;
+};
+
 struct ProcessGroup::State {
   std::shared_ptr<World> world;
   std::shared_ptr<Store> store;  // the group's namespace in the world store
@@ -91,6 +98,10 @@ struct ProcessGroup::State {
   bool destroyed = false;                                   // guarded by mutex
   bool coalescing = false;                                  // guarded by mutex
   CoalescedCalls coalesced;                                 // guarded by mutex
+  // Sends and receives to and from this rank, unmatched, by tag in posting order.
+  std::map<uint64_t, std::deque<SelfMessage>> self_sends;  // guarded by mutex
+  std::map<uint64_t, std::deque<SelfMessage>> self_recvs;  // guarded by mutex
+  uint64_t monitored_barriers = 0;                         // guarded by mutex
 
   ErrorContext context(std::string_view op, uint64_t op_seq, std::string detail = {}) const {
     return ErrorContext{rank, size, name, std::string(op), op_seq, std::move(detail)};
@@ -121,6 +132,18 @@ struct ProcessGroup::State {
   // the same order). REQUIRES: mutex held.
   Backend& backend_for(DeviceKind kind, const ErrorContext& where);
 };
+
+// send/recv to this rank itself: matches `message` against the other side's queue by `tag`, or
+// queues it. `sending` says which side `message` is. Returns its Work (process_group_habits.cc).
+std::shared_ptr<Work> post_to_self(ProcessGroup::State& s, bool sending, Tensor tensor,
+                                   uint64_t tag);
+// Fails every unmatched send/recv to self with `error` (abort, destroy).
+void fail_self_messages(ProcessGroup::State& s, std::exception_ptr error);
+
+// Makes `group` the default group if there is none (init_process_group); forgets it as the
+// default if it is (ProcessGroup::destroy()).
+void offer_default_group(const std::shared_ptr<ProcessGroup>& group);
+void forget_default_group(const ProcessGroup* group);
 
 // Numbers `c` and posts it to the group's backend (or records it while coalescing); `epilogue`
 // runs after the backend's Work succeeds. Every check that can refuse the call runs before the

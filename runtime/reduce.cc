@@ -289,6 +289,8 @@ constexpr std::array<std::array<CombineFn, ReduceOp::kNumKinds>, kNumDTypes> kCo
      &combine_loop_bool<LogicalAndFn>, &combine_loop_bool<LogicalOrFn>, nullptr, nullptr,
      &combine_loop_bool<LogicalAndFn>, &combine_loop_bool<LogicalOrFn>,
      &combine_loop_bool<LogicalXorFn>},
+    arithmetic_row<Plain<uint32_t>::Loop, true>(),
+    arithmetic_row<Plain<uint64_t>::Loop, true>(),
 }};
 
 template <typename T, typename S>
@@ -401,6 +403,10 @@ void finalize(void* data, size_t count, DType dtype, ReduceOp op, int contributo
       return divide_loop<int32_t, int>(data, count, contributors);
     case DType::Int64:
       return divide_loop<int64_t, int64_t>(data, count, contributors);
+    case DType::UInt32:
+      return divide_loop<uint32_t, uint64_t>(data, count, static_cast<uint64_t>(contributors));
+    case DType::UInt64:
+      return divide_loop<uint64_t, uint64_t>(data, count, static_cast<uint64_t>(contributors));
     case DType::Bool:
       WEFT_CHECK(false, "check_supported let avg on bool through");
   }

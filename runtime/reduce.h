@@ -19,11 +19,12 @@
 //     is NaN. They order -0.0 below +0.0, so min(-0, +0) is -0 and max is +0 whatever the argument
 //     order (IEEE 754-2019 minimum/maximum); results never depend on which rank's value came first.
 //     Bitwise ops are refused (InvalidArgument).
-//   Integer (int8, uint8, int32, int64): sum and prod wrap modulo 2^bits, two's complement (done
-//     in the unsigned type: no undefined behaviour). min/max/band/bor/bxor as usual.
-//     Avg divides the wrapped sum by the contributor count, truncating toward zero (as NCCL and
-//     C++ integer division do): avg of {-3, 0} over 2 ranks is -1. PremulSum is refused: its
-//     factor is real-valued and c10d offers it for floating types only.
+//   Integer (int8, uint8, int32, int64, uint32, uint64): sum and prod wrap modulo 2^bits, two's
+//     complement (done in the unsigned type: no undefined behaviour). min/max/band/bor/bxor as
+//     usual, min and max comparing unsigned for the unsigned dtypes. Avg divides the wrapped sum
+//     by the contributor count, truncating toward zero (as NCCL and C++ integer division do): avg
+//     of {-3, 0} over 2 ranks is -1; of uint64 {2^64 - 2, 0} over 2 ranks, 2^63 - 1. PremulSum is
+//     refused: its factor is real-valued and c10d offers it for floating types only.
 //   Bool (one byte; zero is false, any other value true; results are always 0 or 1):
 //     sum, max and bor are logical or; prod, min and band are logical and; bxor is exclusive or.
 //     Avg and PremulSum are refused: they have no boolean meaning.

@@ -112,6 +112,36 @@ void Work::on_complete(Callback callback) {
   run_callback(callback);
 }
 
+std::shared_ptr<Work> Work::then(Callback callback) {
+  WEFT_CHECK(callback != nullptr, "then needs a callable");
+  auto next = std::make_shared<Work>(context_, timeout_);
+  next->set_wait_helper(wait_helper_);
+  // The callback runs outside run_callback's catch-all: what it throws fails `next`.
+  on_complete([next, callback = std::move(callback)](const Work& done) {
+    try {
+      callback(done);
+    } catch (...) {
+      next->fail(std::current_exception());
+      return;
+    }
+    next->complete();
+  });
+  return next;
+}
+
+std::shared_future<void> Work::get_future() {
+  auto promise = std::make_shared<std::promise<void>>();
+  std::shared_future<void> future = promise->get_future().share();
+  on_complete([promise](const Work& done) {
+    if (std::exception_ptr error = done.exception()) {
+      promise->set_exception(error);
+    } else {
+      promise->set_value();
+    }
+  });
+  return future;
+}
+
 void Work::complete() { finish(State::Succeeded, nullptr); }
 
 void Work::fail(std::exception_ptr error) {

@@ -98,7 +98,7 @@ constexpr const char* kName = "mpi";
 // ahead of its peer's receive.
 constexpr size_t kDetachBytes = size_t{1} << 20;
 
-constexpr int kNumDTypes = WEFT_BOOL + 1;
+constexpr int kNumDTypes = WEFT_UINT64 + 1;
 constexpr int kNumOps = WEFT_BXOR + 1;
 
 // ---- Results.
@@ -158,9 +158,11 @@ size_t dtype_size(int32_t dtype) {
   switch (dtype) {
     case WEFT_FLOAT32:
     case WEFT_INT32:
+    case WEFT_UINT32:
       return 4;
     case WEFT_FLOAT64:
     case WEFT_INT64:
+    case WEFT_UINT64:
       return 8;
     case WEFT_FLOAT16:
     case WEFT_BFLOAT16:
@@ -175,8 +177,9 @@ size_t dtype_size(int32_t dtype) {
 }
 
 const char* dtype_name(int32_t dtype) {
-  static const char* const kNames[] = {"float32", "float64", "float16", "bfloat16", "int8",
-                                       "uint8",   "int32",   "int64",   "bool"};
+  static const char* const kNames[] = {"float32", "float64", "float16", "bfloat16",
+                                       "int8",    "uint8",   "int32",   "int64",
+                                       "bool",    "uint32",  "uint64"};
   return dtype >= 0 && dtype < kNumDTypes ? kNames[dtype] : "unknown dtype";
 }
 
@@ -456,6 +459,10 @@ Status create_user_ops(Process& p) {
       {WEFT_INT32, WEFT_PROD, &plain_op<uint32_t, ProdFn>},
       {WEFT_INT64, WEFT_SUM, &plain_op<uint64_t, SumFn>},
       {WEFT_INT64, WEFT_PROD, &plain_op<uint64_t, ProdFn>},
+      {WEFT_UINT32, WEFT_SUM, &plain_op<uint32_t, SumFn>},
+      {WEFT_UINT32, WEFT_PROD, &plain_op<uint32_t, ProdFn>},
+      {WEFT_UINT64, WEFT_SUM, &plain_op<uint64_t, SumFn>},
+      {WEFT_UINT64, WEFT_PROD, &plain_op<uint64_t, ProdFn>},
   };
   for (const Entry& e : entries) {
     const int rc = MPI_Op_create(e.fn, /*commute=*/1, &p.user_ops[e.dtype][e.op]);
@@ -650,6 +657,10 @@ void divide(void* data, uint64_t count, int32_t dtype, int size) {
       return each(static_cast<int32_t*>(data), size);
     case WEFT_INT64:
       return each(static_cast<int64_t*>(data), static_cast<int64_t>(size));
+    case WEFT_UINT32:
+      return each(static_cast<uint32_t*>(data), static_cast<uint64_t>(size));
+    case WEFT_UINT64:
+      return each(static_cast<uint64_t*>(data), static_cast<uint64_t>(size));
     case WEFT_FLOAT16:
     case WEFT_BFLOAT16: {
       auto* d = static_cast<uint16_t*>(data);

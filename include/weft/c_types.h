@@ -40,7 +40,10 @@ typedef enum {
   WEFT_UINT8 = 5,
   WEFT_INT32 = 6,
   WEFT_INT64 = 7,
-  WEFT_BOOL = 8
+  WEFT_BOOL = 8,
+  /* Appended: values are never renumbered. */
+  WEFT_UINT32 = 9,
+  WEFT_UINT64 = 10
 } weft_dtype_t;
 
 typedef enum {

@@ -24,15 +24,19 @@ enum class DType : uint8_t {
   Int32 = 6,
   Int64 = 7,
   Bool = 8,  // one byte per element; zero is false, anything else true
+  // Appended later (values are never renumbered): PyTorch's torch.uint32 / torch.uint64, NCCL's
+  // ncclUint32 / ncclUint64.
+  UInt32 = 9,
+  UInt64 = 10,
 };
 
 // Number of DType values; a byte from the wire is a DType only if it is below this.
-inline constexpr int kNumDTypes = 9;
+inline constexpr int kNumDTypes = 11;
 
 // Every DType in declaration order, for tests and tools that iterate over them.
 inline constexpr DType kAllDTypes[kNumDTypes] = {
-    DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int8,
-    DType::UInt8,   DType::Int32,   DType::Int64,   DType::Bool,
+    DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int8,   DType::UInt8,
+    DType::Int32,   DType::Int64,   DType::Bool,    DType::UInt32,   DType::UInt64,
 };
 
 // True when `value` is one of the enumerators (a DType made from an arbitrary integer may not be).
@@ -43,9 +47,11 @@ constexpr size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::Float64:
     case DType::Int64:
+    case DType::UInt64:
       return 8;
     case DType::Float32:
     case DType::Int32:
+    case DType::UInt32:
       return 4;
     case DType::Float16:
     case DType::BFloat16:
@@ -59,7 +65,7 @@ constexpr size_t dtype_size(DType dtype) {
 }
 
 // PyTorch's names: "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
-// "bool"; "invalid" for an invalid DType.
+// "bool", "uint32", "uint64"; "invalid" for an invalid DType.
 std::string_view dtype_name(DType dtype);
 
 // Accepts the names above, PyTorch's aliases ("float", "double", "half", "long", "int") and the
@@ -73,10 +79,16 @@ constexpr bool is_floating(DType dtype) {
          dtype == DType::BFloat16;
 }
 
-// Int8, UInt8, Int32, Int64. Bool is neither integral nor floating, as in PyTorch's default.
+// Int8, UInt8, Int32, Int64, UInt32, UInt64. Bool is neither integral nor floating, as in
+// PyTorch's default.
 constexpr bool is_integral(DType dtype) {
   return dtype == DType::Int8 || dtype == DType::UInt8 || dtype == DType::Int32 ||
-         dtype == DType::Int64;
+         dtype == DType::Int64 || dtype == DType::UInt32 || dtype == DType::UInt64;
+}
+
+// UInt8, UInt32, UInt64: the integers whose min, max and avg are unsigned.
+constexpr bool is_unsigned_integral(DType dtype) {
+  return dtype == DType::UInt8 || dtype == DType::UInt32 || dtype == DType::UInt64;
 }
 
 // Storage for one IEEE binary16 value (bits as in memory). No arithmetic: convert with
@@ -90,8 +102,9 @@ struct BFloat16 {
 };
 
 // dtype_of_v<T>: the DType of C++ element type T, so Tensor::of(p, n) can take a typed pointer.
-// Integers map by width and signedness (int64_t is `long`, but `long long` also maps to Int64);
-// plain `char`, whose signedness is the platform's choice, deliberately maps to nothing.
+// Integers map by width and signedness (int64_t is `long`, but `long long` also maps to Int64,
+// and size_t to UInt64); plain `char`, whose signedness is the platform's choice, deliberately
+// maps to nothing. 16-bit integers have no DType.
 template <typename T, typename = void>
 struct dtype_of {};
 
@@ -118,12 +131,12 @@ struct dtype_of<bool> {
 template <typename T>
 struct dtype_of<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool> &&
                                     !std::is_same_v<T, char> &&
-                                    (sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8) &&
-                                    (std::is_signed_v<T> || sizeof(T) == 1)>> {
-  static constexpr DType value = sizeof(T) == 8        ? DType::Int64
-                                 : sizeof(T) == 4      ? DType::Int32
-                                 : std::is_signed_v<T> ? DType::Int8
-                                                       : DType::UInt8;
+                                    (sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8)>> {
+  static constexpr DType value =
+      sizeof(T) == 8        ? (std::is_signed_v<T> ? DType::Int64 : DType::UInt64)
+      : sizeof(T) == 4      ? (std::is_signed_v<T> ? DType::Int32 : DType::UInt32)
+      : std::is_signed_v<T> ? DType::Int8
+                            : DType::UInt8;
 };
 
 template <typename T>

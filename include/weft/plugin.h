@@ -1,8 +1,11 @@
-/* weft/plugin.h: the C ABI of weft backend plugins. Version 1.
+/* weft/plugin.h: the C ABI of weft backend plugins. Versions 1 and 2.
  *
  * A backend plugin is a shared library, libweft-backend-NAME.so, that exports one const struct
- * per ABI version it implements, named weftBackendPlugin_vN (here: weftBackendPlugin_v1 of type
- * weftBackendPlugin_v1_t), in the manner of NCCL's net and tuner plugins. weft looks for it when
+ * per ABI version it implements, named weftBackendPlugin_vN (here: weftBackendPlugin_v2 of type
+ * weftBackendPlugin_v2_t, the newest, and weftBackendPlugin_v1 of type weftBackendPlugin_v1_t),
+ * in the manner of NCCL's net and tuner plugins. Version 2 differs from version 1 in one thing:
+ * the store table its init() gets (weftStore_v2_t) has delete_key. Everything else below is said
+ * of both; a new plugin implements v2. weft looks for it when
  * a process group asks for backend NAME ("cpu:NAME") and no built-in has that name: in each
  * directory of WEFT_PLUGIN_PATH (colon-separated), then in the install's plugin directory
  * (LIBDIR/weft/plugins); a backend string holding a '/' is a path to load as is.
@@ -60,9 +63,10 @@
  *    plugin broke its contract). A failure with no message (NULL or "") is raised with one that
  *    names the plugin, the call and the code.
  *
- * The struct is versioned as a whole: a later weft defines weftBackendPlugin_v2_t beside v1 and
- * keeps loading v1 plugins; a plugin may export several versions to load into older weft.
- * Enum values (c_types.h, weftCollKind_v1_t) are never reused.
+ * The struct is versioned as a whole: each version is frozen once released, a later weft defines
+ * the next beside it (weftBackendPlugin_v2_t beside v1) and keeps loading the older ones (a v1
+ * plugin gets the v1 store table, without delete_key); a plugin may export several versions to
+ * load into older weft. Enum values (c_types.h, weftCollKind_v1_t) are never reused.
  */
 #ifndef WEFT_PLUGIN_H_
 #define WEFT_PLUGIN_H_
@@ -76,9 +80,15 @@
 extern "C" {
 #endif
 
+/* abi_version of each struct version. WEFT_PLUGIN_ABI_VERSION stays 1, the value v1 plugins'
+ * sources write in weftBackendPlugin_v1_t's abi_version: a v2 plugin writes WEFT_PLUGIN_ABI_V2. */
 #define WEFT_PLUGIN_ABI_VERSION 1
+#define WEFT_PLUGIN_ABI_V1 1
+#define WEFT_PLUGIN_ABI_V2 2
 /* The symbol a v1 plugin exports: `const weftBackendPlugin_v1_t weftBackendPlugin_v1 = {...};` */
 #define WEFT_PLUGIN_SYMBOL_V1 "weftBackendPlugin_v1"
+/* The symbol a v2 plugin exports: `const weftBackendPlugin_v2_t weftBackendPlugin_v2 = {...};` */
+#define WEFT_PLUGIN_SYMBOL_V2 "weftBackendPlugin_v2"
 
 /* The operations weft posts; values mirror weft::CollectiveKind (backend.h). */
 typedef enum {
@@ -243,6 +253,66 @@ typedef struct {
   /* Required: frees the context. */
   void (*finalize)(void* context);
 } weftBackendPlugin_v1_t;
+
+/* ---- Version 2: version 1 with delete_key in the store table. Frozen once released. */
+
+/* weftStore_v1_t's members in the same order, then delete_key. */
+typedef struct {
+  void* ctx;
+  weft_result_t (*set)(void* ctx, const char* key, const void* value, size_t size);
+  weft_result_t (*get)(void* ctx, const char* key, int64_t timeout_ms, void** value, size_t* size);
+  void (*free_value)(void* ctx, void* value);
+  weft_result_t (*add)(void* ctx, const char* key, int64_t delta, int64_t* result);
+  weft_result_t (*wait)(void* ctx, const char* const* keys, size_t num_keys, int64_t timeout_ms);
+  weft_result_t (*check)(void* ctx, const char* const* keys, size_t num_keys, int32_t* exists);
+  weft_result_t (*multi_get)(void* ctx, const char* const* keys, size_t num_keys,
+                             int64_t timeout_ms, void** values, size_t* sizes);
+  weft_result_t (*compare_set)(void* ctx, const char* key, const void* expected,
+                               size_t expected_size, const void* desired, size_t desired_size,
+                               void** current, size_t* current_size);
+  /* Removes `key` (a key-value pair; counters made by add() too) and sets *deleted to 1 when it
+   * existed, 0 when it did not (not an error). Does not wait. For cleaning up what init() wrote:
+   * a key that every rank has read (after a barrier through the store, say) may go. */
+  weft_result_t (*delete_key)(void* ctx, const char* key, int32_t* deleted);
+} weftStore_v2_t;
+
+/* weftInitArgs_v1_t with a weftStore_v2_t. struct_size is sizeof(weftInitArgs_v2_t). */
+typedef struct {
+  uint32_t struct_size;
+  int32_t rank;
+  int32_t size;
+  int32_t device_kind;
+  const char* group_name;
+  int64_t timeout_ms;
+  const weftStore_v2_t* store;
+  weftLogger_v1_t log;
+  void* log_ctx;
+  uint32_t num_settings;
+  const char* const* setting_keys;
+  const char* const* setting_values;
+  const int32_t* global_ranks;
+} weftInitArgs_v2_t;
+
+/* weftBackendPlugin_v1_t whose init() takes weftInitArgs_v2_t; abi_version is WEFT_PLUGIN_ABI_V2
+ * and struct_size sizeof(weftBackendPlugin_v2_t). Every other member means what it does in v1
+ * (and takes the v1 types: weftCollective_v1_t, weftDone_v1_t). */
+typedef struct {
+  const char* name;
+  uint32_t abi_version;
+  uint32_t struct_size;
+  uint32_t devices;
+  uint32_t reserved; /* 0 */
+  weft_result_t (*init)(const weftInitArgs_v2_t* args, void** context, char* error,
+                        size_t error_size);
+  weft_result_t (*post)(void* context, const weftCollective_v1_t* ops, uint32_t num,
+                        weftDone_v1_t done, void* done_arg, void** request, char* error,
+                        size_t error_size);
+  weft_result_t (*test)(void* context, void* request, int32_t* done, char* error,
+                        size_t error_size);
+  void (*release)(void* context, void* request);
+  void (*abort)(void* context, const char* reason);
+  void (*finalize)(void* context);
+} weftBackendPlugin_v2_t;
 
 #ifdef __cplusplus
 }

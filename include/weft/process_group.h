@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "weft/backend.h"
+#include "weft/device.h"
 #include "weft/reduce_op.h"
 #include "weft/store.h"
 #include "weft/tensor.h"
@@ -82,6 +83,15 @@ struct NewGroupOptions {
   std::chrono::milliseconds timeout{0};
   // Backend settings for the new group. Empty: the parent's.
   std::map<std::string, std::string> backend_settings = {};
+};
+
+// One send or receive of batch_isend_irecv(), as c10d's P2POp: {P2POp::Send, tensor, peer}.
+struct P2POp {
+  enum Kind : uint8_t { Send, Recv };
+  Kind kind = Send;
+  Tensor tensor;
+  int peer = 0;  // the destination of a Send, the source of a Recv (group ranks)
+  uint64_t tag = 0;
 };
 
 class ProcessGroup {
@@ -163,16 +173,56 @@ class ProcessGroup {
   std::shared_ptr<Work> all_to_all(Tensor output, Tensor input, std::vector<size_t> output_splits,
                                    std::vector<size_t> input_splits);
 
+  // all_to_all with splits under c10d's name (torch.distributed.all_to_all_single): the same call.
+  std::shared_ptr<Work> all_to_all_single(Tensor output, Tensor input,
+                                          std::vector<size_t> output_splits = {},
+                                          std::vector<size_t> input_splits = {});
+
   // Completes when every rank has entered it.
   std::shared_ptr<Work> barrier();
+
+  // c10d's monitored_barrier: blocks until every rank has entered it, through the group's store
+  // (not the backend, so it works when the backend is the thing in doubt). Rank 0 waits for the
+  // others up to `timeout` (0: the group's) and then throws Error(Timeout) naming the ranks that
+  // had not arrived: the first one, or every one with wait_all_ranks; the other ranks then
+  // throw the same list (or, if rank 0 itself never arrives, Timeout naming rank 0). Numbered
+  // apart from collectives ("monitored_barrier #3"). Every rank calls it, in the same order.
+  void monitored_barrier(std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
+                         bool wait_all_ranks = false);
+
+  // ---- Object collectives (c10d's *_object), on byte strings whose sizes may differ per rank.
+  // Each is blocking (as in c10d), runs two or three of the collectives above (the sizes first,
+  // as int64, then the bytes as uint8), and throws their Error. Serialising is the caller's.
+
+  // Every rank's `object`, by rank.
+  std::vector<Bytes> all_gather_object(const Bytes& object);
+  // Root's `objects` into every rank's `objects` (resized to root's count; c10d requires the
+  // same length on every rank, weft takes root's).
+  void broadcast_object_list(std::vector<Bytes>& objects, int root);
+  // Every rank's `object` on root, by rank; an empty list on the other ranks. Blocks are padded
+  // to the largest object on the wire.
+  std::vector<Bytes> gather_object(const Bytes& object, int root);
+  // Root's objects[r] to rank r (root passes one per rank; the others pass an empty list).
+  Bytes scatter_object_list(const std::vector<Bytes>& objects, int root);
 
   // Point to point, matched by (peer, tag) in posting order: rank a's send(t, b, tag) pairs with
   // rank b's recv(u, a, tag); u.count must equal t.count. They run in issue order with the group's
   // collectives, on the same thread. Tags go up to 2^62 - 1 (the backends keep the bits above for
   // themselves); a larger one is InvalidArgument. Inside a coalesced unit, sends and receives are
   // posted together, so each rank may order them as it likes (both receiving first is fine).
+  //
+  // To oneself (dst or src == rank()): matched on this rank by tag in posting order, without the
+  // backend; the copy happens, and both Works complete, when the second of the pair is posted,
+  // whatever else the group is running (so a rank may send to itself and receive in either
+  // order, even outside a coalesced unit). A count or dtype mismatch fails both Works with
+  // InvalidArgument; abort() fails the unmatched ones with Aborted.
   std::shared_ptr<Work> send(Tensor tensor, int dst, uint64_t tag = 0);
   std::shared_ptr<Work> recv(Tensor tensor, int src, uint64_t tag = 0);
+
+  // c10d's batch_isend_irecv: the sends and receives posted as one coalesced unit (every rank's
+  // pairs match, in any order inside the unit); one Work per op, each completing with the unit.
+  // REQUIRES: not inside start_coalescing() (a unit does not nest: InvalidArgument).
+  std::vector<std::shared_ptr<Work>> batch_isend_irecv(std::vector<P2POp> ops);
 
   // Coalescing: between start_coalescing() and end_coalescing() collectives are recorded, not
   // run (each returns a Work that completes with the group); end_coalescing() posts them as one
@@ -210,7 +260,26 @@ class ProcessGroup {
 };
 
 // Meets the other ranks (rendezvous() with options.url, or options.store) and returns the world
-// group with its backends connected. With no arguments, from the launcher's environment.
+// group with its backends connected. With no arguments, from the launcher's environment. The
+// group returned becomes the default group (below) when there is none.
 std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options = {});
+
+// ---- The default group: c10d's module-level helpers.
+//
+// The default group is the first group init_process_group() returned that is still alive and
+// not destroyed. Unlike c10d, weft does not keep it alive: it is the caller's shared_ptr, and
+// goes when the caller drops it (or destroy_process_group() destroys it). Thread-safe.
+
+// Whether there is a default group.
+bool is_initialized();
+// The default group; Error(InvalidArgument) saying to call init_process_group() when none.
+std::shared_ptr<ProcessGroup> default_group();
+// `group`'s rank and size; with no group, the default group's (Error as above when none).
+int get_rank(const std::shared_ptr<ProcessGroup>& group = nullptr);
+int get_world_size(const std::shared_ptr<ProcessGroup>& group = nullptr);
+// Destroys `group` (ProcessGroup::destroy()); with no group, the default group, which is then
+// no longer the default (is_initialized() turns false, and the next init_process_group() makes
+// a new one). Error(InvalidArgument) when there is no group to destroy.
+void destroy_process_group(const std::shared_ptr<ProcessGroup>& group = nullptr);
 
 }  // namespace weft

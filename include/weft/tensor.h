@@ -4,8 +4,10 @@
 // no shape, no strides, no ownership. Shapes belong to the caller, who flattens before calling;
 // the memory must outlive the Work of every collective it is passed to.
 //
-//   std::vector<float> grad(n);
-//   pg.all_reduce(weft::Tensor::of(grad.data(), grad.size()), {.op = weft::ReduceOp::Avg})->wait();
+//   std::vector<float> grad(n);  // pg: a std::shared_ptr<weft::ProcessGroup>
+//   pg->all_reduce(weft::Tensor::of(grad.data(), grad.size()), weft::ReduceOp::Avg)->wait();
+//
+// (tests/public_api/installed_test.sh compiles and runs these two lines against an install.)
 //
 // Thread safety: a Tensor is a plain value. Ownership: none; it never frees `data`.
 #pragma once

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -99,6 +100,21 @@ class Work {
   // logged; it never reaches the completing thread and does not stop later callbacks.
   // REQUIRES: callback is not empty.
   void on_complete(Callback callback);
+
+  // c10d's Future.then(): a new Work that completes after `callback(*this)` has run, which it
+  // does when this Work completes (as with on_complete(): at once if it has, else on the
+  // completing thread). As in c10d (and std::experimental::future::then), the callback runs
+  // whether this Work succeeded or failed and decides: the new Work fails with whatever the
+  // callback throws and succeeds when it returns, so a callback that should pass a failure on
+  // calls w.wait() first (on a completed Work it returns, or rethrows the error, at once). The
+  // new Work has this one's context and timeout, and waiting on it helps this one run as
+  // waiting on this one does. Chains: work->then(a)->then(b). REQUIRES: callback is not empty.
+  std::shared_ptr<Work> then(Callback callback);
+
+  // c10d's Work.get_future(), as a std::shared_future<void>: ready when this Work completes; its
+  // get() returns on success and rethrows this Work's error (the same object) on failure. For
+  // code that composes std futures; wait() is the direct way (and has this Work's timeout).
+  std::shared_future<void> get_future();
 
   // Where this Work's operation runs: rank, group, op and sequence number.
   const ErrorContext& context() const { return context_; }

@@ -18,8 +18,8 @@ namespace {
 
 TEST_CASE("every dtype has its size and PyTorch name, and the name parses back", "[core][types]") {
   const std::vector<std::pair<std::string, size_t>> expected = {
-      {"float32", 4}, {"float64", 8}, {"float16", 2}, {"bfloat16", 2}, {"int8", 1},
-      {"uint8", 1},   {"int32", 4},   {"int64", 8},   {"bool", 1}};
+      {"float32", 4}, {"float64", 8}, {"float16", 2}, {"bfloat16", 2}, {"int8", 1},  {"uint8", 1},
+      {"int32", 4},   {"int64", 8},   {"bool", 1},    {"uint32", 4},   {"uint64", 8}};
   REQUIRE(expected.size() == static_cast<size_t>(kNumDTypes));
   for (int i = 0; i < kNumDTypes; ++i) {
     const DType dtype = kAllDTypes[i];
@@ -58,7 +58,8 @@ TEST_CASE("floating and integral dtypes are classified as in PyTorch", "[core][t
   }
   CHECK(floating ==
         std::set<DType>{DType::Float32, DType::Float64, DType::Float16, DType::BFloat16});
-  CHECK(integral == std::set<DType>{DType::Int8, DType::UInt8, DType::Int32, DType::Int64});
+  CHECK(integral == std::set<DType>{DType::Int8, DType::UInt8, DType::Int32, DType::Int64,
+                                    DType::UInt32, DType::UInt64});
 }
 
 TEST_CASE("dtype_of maps C++ element types by width and signedness", "[core][types]") {
@@ -71,6 +72,9 @@ TEST_CASE("dtype_of maps C++ element types by width and signedness", "[core][typ
   STATIC_REQUIRE(dtype_of_v<int32_t> == DType::Int32);
   STATIC_REQUIRE(dtype_of_v<int64_t> == DType::Int64);
   STATIC_REQUIRE(dtype_of_v<long long> == DType::Int64);
+  STATIC_REQUIRE(dtype_of_v<uint32_t> == DType::UInt32);
+  STATIC_REQUIRE(dtype_of_v<uint64_t> == DType::UInt64);
+  STATIC_REQUIRE(dtype_of_v<unsigned long long> == DType::UInt64);
   STATIC_REQUIRE(dtype_of_v<bool> == DType::Bool);
   STATIC_REQUIRE(sizeof(Half) == 2);
   STATIC_REQUIRE(sizeof(BFloat16) == 2);

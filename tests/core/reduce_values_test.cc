@@ -166,6 +166,27 @@ TEST_CASE("integer avg truncates toward zero and handles many contributors", "[c
   CHECK(bytes[1] == 3);
 }
 
+TEST_CASE("uint32 and uint64 wrap, compare and divide unsigned", "[core][reduce]") {
+  CHECK(reduce2<uint32_t>(UINT32_MAX, 2, DType::UInt32, ReduceOp::Sum) == 1);
+  CHECK(reduce2<uint32_t>(65536, 65537, DType::UInt32, ReduceOp::Prod) == 65536);  // mod 2^32
+  CHECK(reduce2<uint32_t>(UINT32_MAX, 1, DType::UInt32, ReduceOp::Max) == UINT32_MAX);
+  CHECK(reduce2<uint32_t>(UINT32_MAX, 1, DType::UInt32, ReduceOp::Min) == 1);
+  CHECK(reduce2<uint64_t>(UINT64_MAX, 1, DType::UInt64, ReduceOp::Sum) == 0);
+  CHECK(reduce2<uint64_t>(uint64_t{1} << 63, 2, DType::UInt64, ReduceOp::Prod) == 0);
+  CHECK(reduce2<uint64_t>(uint64_t{1} << 63, 1, DType::UInt64, ReduceOp::Max) ==
+        uint64_t{1} << 63);  // an int64 compare would take 1
+  CHECK(reduce2<uint64_t>(uint64_t{1} << 63, 1, DType::UInt64, ReduceOp::Min) == 1);
+  CHECK(reduce2<uint64_t>(0xff00, 0x0ff0, DType::UInt64, ReduceOp::BXor) == 0xf0f0);
+  uint64_t sums[] = {UINT64_MAX - 1, 7};
+  reduce::finalize(sums, 2, DType::UInt64, ReduceOp::Avg, 2);
+  CHECK(sums[0] == UINT64_MAX / 2);  // 2^63 - 1: divided unsigned, not as -2 / 2
+  CHECK(sums[1] == 3);
+  uint32_t words[] = {UINT32_MAX, 5};
+  reduce::finalize(words, 2, DType::UInt32, ReduceOp::Avg, 200);
+  CHECK(words[0] == UINT32_MAX / 200);
+  CHECK(words[1] == 0);
+}
+
 TEST_CASE("avg and premul_sum over simulated ranks give the mean", "[core][reduce]") {
   // Three ranks' inputs, reduced as a collective would: premultiply (PremulSum) or sum, then
   // finalize (Avg).

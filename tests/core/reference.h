@@ -120,6 +120,10 @@ inline __int128 load_int(DType dtype, const void* p) {
       return load<uint8_t>(p);
     case DType::Int32:
       return load<int32_t>(p);
+    case DType::UInt32:
+      return load<uint32_t>(p);
+    case DType::UInt64:
+      return load<uint64_t>(p);
     default:
       return load<int64_t>(p);
   }

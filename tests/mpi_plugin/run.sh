@@ -50,21 +50,22 @@ meson install -C "$build_dir" --destdir "$tmp/stage" --no-rebuild --quiet
 pc=$(find "$tmp/stage" -path '*/pkgconfig/weft.pc' | head -n 1)
 [[ -n "$pc" ]] || fail "meson install left no weft.pc in $tmp/stage"
 libdir=$(dirname "$(dirname "$pc")")
-prefix=$(sed -n 's/^prefix=//p' "$pc")
+# weft.pc is relocatable (prefix=${pcfiledir}/...): used where it was staged, unedited. The
+# prefix weft was configured with is the staged prefix less the stage.
+export PKG_CONFIG_PATH="$(dirname "$pc")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+stage=$(cd "$tmp/stage" && pwd -P)
+libdir=$(cd "$libdir" && pwd -P)
+prefix=$(cd "$(pkg-config --variable=prefix weft)" && pwd -P)
+prefix=${prefix#"$stage"}
 echo "weft.pc: $pc (prefix $prefix)"
 
 step "2. build examples/plugin-mpi against the staged weft (pkg-config)"
-# The staged weft.pc says prefix=$prefix; PKG_CONFIG_SYSROOT_DIR would put the stage in front of
-# its paths, but also in front of every other package's (Open MPI's ompi-cxx.pc among them, whose
-# headers then cannot be found). So weft.pc is relocated instead, as if weft had been installed
-# with --prefix=$tmp/stage$prefix.
-mkdir -p "$tmp/pkgconfig"
-sed "s|^prefix=.*|prefix=$tmp/stage$prefix|" "$pc" >"$tmp/pkgconfig/weft.pc"
-export PKG_CONFIG_PATH="$tmp/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+# (Not PKG_CONFIG_SYSROOT_DIR: it would put the stage in front of every other package's paths too,
+# Open MPI's ompi-cxx.pc among them, whose headers then cannot be found.)
 echo "pkg-config --cflags weft: $(pkg-config --cflags weft)"
 plugin_build="$tmp/plugin-build"
 meson setup "$plugin_build" "$source_dir/examples/plugin-mpi" --prefix="$prefix" \
-  --libdir="${libdir#"$tmp/stage$prefix/"}" >"$tmp/setup.log" 2>&1 ||
+  --libdir="${libdir#"$stage$prefix/"}" >"$tmp/setup.log" 2>&1 ||
   { cat "$tmp/setup.log"; fail "meson setup of the plugin failed"; }
 ninja -C "$plugin_build"
 plugin="$plugin_build/libweft-backend-mpi.so"

@@ -1,6 +1,6 @@
 // Plugins the loader must refuse, one per define (tests/plugin/meson.build builds each):
 //   BAD_NO_SYMBOL  exports no weftBackendPlugin_vN at all
-//   BAD_FUTURE     exports only weftBackendPlugin_v2, a version this weft does not know
+//   BAD_FUTURE     exports only weftBackendPlugin_v3, a version this weft does not know
 //   BAD_SIZE       exports weftBackendPlugin_v1 with a struct_size from another plugin.h
 //   BAD_GONE_DEP   a good v1 struct, but the library needs libweft_test_gone.so, which is not on
 //                  any search path at run time (dlopen fails)
@@ -31,10 +31,10 @@ extern "C" {
 __attribute__((visibility("default"))) extern const int not_a_weft_plugin;
 const int not_a_weft_plugin = 1;
 #elif defined(BAD_FUTURE)
-// What a v2 plugin might export: weft only looks at the symbol's name.
-__attribute__((visibility("default"))) extern const weftBackendPlugin_v1_t weftBackendPlugin_v2;
-const weftBackendPlugin_v1_t weftBackendPlugin_v2 = {"future",
-                                                     2,
+// What a v3 plugin might export: weft only looks at the symbol's name.
+__attribute__((visibility("default"))) extern const weftBackendPlugin_v1_t weftBackendPlugin_v3;
+const weftBackendPlugin_v1_t weftBackendPlugin_v3 = {"future",
+                                                     3,
                                                      sizeof(weftBackendPlugin_v1_t) + 16,
                                                      1u << WEFT_DEVICE_CPU,
                                                      0,

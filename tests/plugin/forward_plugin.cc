@@ -2,8 +2,19 @@
 // forwarded to weft's own tcp backend, so that the conformance suite covers the ABI path (the
 // loader, the descriptors, the store bridge, both ways of completing) on any machine.
 //
-// Built twice: libweft-backend-forward.so completes through the `done` callback;
-// with FORWARD_POLLING, libweft-backend-forward_poll.so sets `test` and is polled.
+// Built three times: libweft-backend-forward.so (ABI v2) completes through the `done` callback;
+// with FORWARD_POLLING, libweft-backend-forward_poll.so (v2) sets `test` and is polled; with
+// FORWARD_V1, libweft-backend-forward_v1.so exports the old layout only (weftBackendPlugin_v1,
+// whose store table has no delete_key), so that the tests see a v1 plugin still load and run.
+//
+// The backend setting store_check=1 makes init() try the store's delete_key first (v2 only): set
+// a key, delete it (deleted = 1), delete it again (deleted = 0), check it is gone; init() fails
+// with a message saying which step went wrong.
+//
+// FORWARD_UNSUPPORTED=KIND (an environment variable; KIND as collective_name() prints it, e.g.
+// all_to_all) makes post() refuse every operation of that kind with WEFT_ERR_UNSUPPORTED, as a
+// partial plugin would: weft-conformance's test reports it as unsupported.
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -22,10 +33,20 @@ using weft::Bytes;
 using weft::Error;
 using weft::ErrorCode;
 
-#ifdef FORWARD_POLLING
+#if defined(FORWARD_POLLING)
 constexpr const char* kName = "forward_poll";
+#elif defined(FORWARD_V1)
+constexpr const char* kName = "forward_v1";
 #else
 constexpr const char* kName = "forward";
+#endif
+
+#ifdef FORWARD_V1
+using StoreTable = weftStore_v1_t;
+using InitArgs = weftInitArgs_v1_t;
+#else
+using StoreTable = weftStore_v2_t;
+using InitArgs = weftInitArgs_v2_t;
 #endif
 
 void ok(weft_result_t result, const char* what) {
@@ -39,7 +60,7 @@ void ok(weft_result_t result, const char* what) {
 // what a backend needs to connect; the rest is not part of the ABI.
 class TableStore : public weft::Store {
  public:
-  explicit TableStore(const weftStore_v1_t* table) : t_(table) {}
+  explicit TableStore(const StoreTable* table) : t_(table) {}
 
   void set(const std::string& key, const Bytes& value) override {
     ok(t_->set(t_->ctx, key.c_str(), value.data(), value.size()), "set");
@@ -87,7 +108,15 @@ class TableStore : public weft::Store {
   void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override {
     for (size_t i = 0; i < keys.size(); ++i) set(keys[i], values[i]);
   }
+#ifdef FORWARD_V1
   bool delete_key(const std::string&) override { unsupported("delete_key"); }
+#else
+  bool delete_key(const std::string& key) override {
+    int32_t deleted = -1;
+    ok(t_->delete_key(t_->ctx, key.c_str(), &deleted), "delete_key");
+    return deleted != 0;
+  }
+#endif
   int64_t num_keys() override { unsupported("num_keys"); }
   void append(const std::string&, const Bytes&) override { unsupported("append"); }
   void queue_push(const std::string&, const Bytes&) override { unsupported("queue_push"); }
@@ -115,7 +144,7 @@ class TableStore : public weft::Store {
                                                     "plugin ABI's store table",
                                                     what));
   }
-  const weftStore_v1_t* t_;
+  const StoreTable* t_;
 };
 
 struct Context {
@@ -169,9 +198,21 @@ weft::Collective collective_of(const weftCollective_v1_t& c, int size) {
   return out;
 }
 
-weft_result_t forward_init(const weftInitArgs_v1_t* args, void** context, char* error,
-                           size_t error_size) {
-  if (args == nullptr || args->struct_size != sizeof(weftInitArgs_v1_t) || context == nullptr) {
+// store_check=1 (see the top): throws naming the step that went wrong.
+void check_store_delete(weft::Store& store, int rank) {
+  const std::string key = fmt::format("forward/store_check/{}", rank);
+  store.set(key, Bytes{1, 2, 3});
+  if (!store.delete_key(key))
+    throw Error(ErrorCode::Protocol,
+                "store_check: delete_key of a key just set said it did not exist");
+  if (store.delete_key(key))
+    throw Error(ErrorCode::Protocol, "store_check: a second delete_key of the key said it existed");
+  if (store.check({key}))
+    throw Error(ErrorCode::Protocol, "store_check: check() still finds the deleted key");
+}
+
+weft_result_t forward_init(const InitArgs* args, void** context, char* error, size_t error_size) {
+  if (args == nullptr || args->struct_size != sizeof(InitArgs) || context == nullptr) {
     write_error(error, error_size, "forward plugin: bad init arguments");
     return WEFT_ERR_INVALID_ARGUMENT;
   }
@@ -185,6 +226,10 @@ weft_result_t forward_init(const weftInitArgs_v1_t* args, void** context, char* 
     for (int r = 0; r < args->size; ++r) options.global_ranks.push_back(args->global_ranks[r]);
     for (uint32_t i = 0; i < args->num_settings; ++i) {
       options.settings[args->setting_keys[i]] = args->setting_values[i];
+    }
+    if (auto it = options.settings.find("store_check"); it != options.settings.end()) {
+      if (it->second == "1") check_store_delete(*options.store, args->rank);
+      options.settings.erase(it);  // the plugin's own setting, not the tcp backend's
     }
     auto ctx = std::make_unique<Context>();
     ctx->backend = weft::Registry::global().find("tcp").factory(options);
@@ -209,6 +254,16 @@ weft_result_t forward_post(void* context, const weftCollective_v1_t* ops, uint32
   try {
     std::vector<weft::Collective> collectives;
     for (uint32_t i = 0; i < num; ++i) collectives.push_back(collective_of(ops[i], ctx->size));
+    if (const char* refused = std::getenv("FORWARD_UNSUPPORTED")) {
+      for (const weft::Collective& c : collectives) {
+        if (weft::collective_name(c.kind) == refused) {
+          write_error(
+              error, error_size,
+              fmt::format("forward plugin: {} is not implemented (FORWARD_UNSUPPORTED)", refused));
+          return WEFT_ERR_UNSUPPORTED;
+        }
+      }
+    }
     weft::ErrorContext where{.rank = ctx->rank,
                              .size = ctx->size,
                              .group = ctx->group,
@@ -278,10 +333,17 @@ extern "C" {
 #define FORWARD_RELEASE nullptr
 #endif
 
+#ifdef FORWARD_V1
 __attribute__((visibility("default"))) extern const weftBackendPlugin_v1_t weftBackendPlugin_v1;
 const weftBackendPlugin_v1_t weftBackendPlugin_v1 = {kName,
                                                      WEFT_PLUGIN_ABI_VERSION,
                                                      sizeof(weftBackendPlugin_v1_t),
+#else
+__attribute__((visibility("default"))) extern const weftBackendPlugin_v2_t weftBackendPlugin_v2;
+const weftBackendPlugin_v2_t weftBackendPlugin_v2 = {kName,
+                                                     WEFT_PLUGIN_ABI_V2,
+                                                     sizeof(weftBackendPlugin_v2_t),
+#endif
                                                      1u << WEFT_DEVICE_CPU,
                                                      0,
                                                      forward_init,

@@ -75,7 +75,7 @@ TEST_CASE("a plugin of a newer ABI is refused, saying so", "[future]") {
   setenv("WEFT_PLUGIN_PATH", plugin_dir().c_str(), 1);
   std::string message = refusal("future");
   CHECK_THAT(message, Catch::Contains("libweft-backend-future.so"));
-  CHECK_THAT(message, Catch::Contains("exports only weftBackendPlugin_v2, newer than this weft"));
+  CHECK_THAT(message, Catch::Contains("exports only weftBackendPlugin_v3, newer than this weft"));
   CHECK_FALSE(Registry::global().contains("future"));
 }
 
@@ -170,6 +170,49 @@ TEST_CASE("process groups on the forwarding plugins, callback and polling", "[gr
       RANK_CHECK(e.code() == ErrorCode::Aborted, "{}", e.what());
     }
     poll->barrier()->wait();
+  });
+}
+
+// The ABI's versioning rule: a plugin built against v1 of plugin.h (weftBackendPlugin_v1, whose
+// store table has no delete_key) loads into this weft and runs; a v2 plugin's init() gets a store
+// whose delete_key works on the group's keys.
+TEST_CASE("a v1 plugin still loads and runs; a v2 plugin's store deletes keys", "[versions]") {
+  const uint16_t port = test::free_port();
+  const std::string dir = plugin_dir();
+  test::run_ranks_ok(2, [&](int rank) {
+    setenv("WEFT_PLUGIN_PATH", dir.c_str(), 1);
+    ProcessGroupOptions options;
+    options.url = fmt::format("tcp://127.0.0.1:{}", port);
+    options.rank = rank;
+    options.world_size = 2;
+    options.timeout = std::chrono::seconds(20);
+    options.backend = "cpu:forward_v1";
+    auto world = init_process_group(options);
+    RANK_CHECK(world->backend_name() == "forward_v1", "{}", world->backend_name());
+    // v2, with the plugin's own check of delete_key in init() (forward_plugin.cc).
+    auto checked = world->new_group(
+        {0, 1}, {.name = "v2", .backend = "forward", .backend_settings = {{"store_check", "1"}}});
+    RANK_CHECK(checked->backend_name() == "forward");
+    for (auto* group : {world.get(), checked.get()}) {
+      std::vector<int64_t> v(257);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = int64_t(rank + 1) * int64_t(i) - 7;
+      group->all_reduce(Tensor::of(v.data(), v.size()))->wait();
+      for (size_t i = 0; i < v.size(); ++i) {
+        const int64_t expected = 3 * int64_t(i) - 14;  // (1 + 2) i - 2 * 7
+        RANK_CHECK(v[i] == expected, "{} all_reduce[{}] = {}, expected {}", group->name(), i, v[i],
+                   expected);
+      }
+    }
+    // The v1 plugin's store has no delete_key: the same check fails its init() on every rank.
+    try {
+      world->new_group({0, 1}, {.name = "v1-check", .backend_settings = {{"store_check", "1"}}});
+      throw std::runtime_error("store_check on the v1 plugin succeeded");
+    } catch (const Error& e) {
+      RANK_CHECK(e.code() == ErrorCode::Unsupported, "{}", e.what());
+      RANK_CHECK(std::string_view(e.what()).find("store delete_key is not in the plugin ABI's "
+                                                 "store table") != std::string_view::npos,
+                 "{}", e.what());
+    }
   });
 }
 

@@ -316,5 +316,75 @@ TEST_CASE("wait_all refuses a null entry and a negative timeout as InvalidArgume
   CHECK(caught_error([&] { wait_all({}, milliseconds(-3)); }).code() == ErrorCode::InvalidArgument);
 }
 
+// ---- then() and get_future(): c10d's Future habits.
+
+TEST_CASE("then() runs the callback on completion and its Work completes after it, in chains",
+          "[work][then]") {
+  auto work = std::make_shared<Work>(all_reduce_context(), milliseconds(5000));
+  std::vector<int> order;
+  auto first = work->then([&](const Work& w) {
+    REQUIRE(w.is_success());
+    order.push_back(1);
+  });
+  auto second = first->then([&](const Work& w) {
+    REQUIRE(w.is_success());
+    order.push_back(2);
+  });
+  CHECK_FALSE(first->is_completed());
+  CHECK(order.empty());
+  std::thread completer([&] { work->complete(); });
+  second->wait();
+  completer.join();
+  CHECK(order == std::vector<int>{1, 2});
+  CHECK(first->is_success());
+  CHECK(first->context().seq == 17);
+  CHECK(first->timeout() == milliseconds(5000));
+  // On a completed Work the callback runs at once, on this thread.
+  int ran = 0;
+  auto late = work->then([&](const Work&) { ++ran; });
+  CHECK(ran == 1);
+  CHECK(late->is_success());
+}
+
+TEST_CASE("then(): the callback sees a failure; w.wait() passes it on, a throw fails the next Work",
+          "[work][then]") {
+  auto work = std::make_shared<Work>(all_reduce_context(), milliseconds(5000));
+  // Passing the failure on: wait() in the callback rethrows the same error.
+  auto passed = work->then([](const Work& w) { w.wait(); });
+  // Handling it: the callback returns, so the next Work succeeds (c10d's semantics).
+  bool saw_failure = false;
+  auto handled = work->then([&](const Work& w) { saw_failure = !w.is_success(); });
+  work->fail(
+      std::make_exception_ptr(Error(ErrorCode::PeerLost, all_reduce_context(), "rank 1 gone")));
+  Error e = caught_error([&] { passed->wait(); });
+  CHECK(e.code() == ErrorCode::PeerLost);
+  CHECK(std::string(e.what()) == "rank 2/4 group \"dp\" all_reduce #17: PeerLost: rank 1 gone");
+  CHECK(saw_failure);
+  CHECK(handled->is_success());
+  // A callback that throws on success fails the next Work with what it threw.
+  auto ok = Work::completed(all_reduce_context());
+  auto thrown = ok->then([](const Work&) { throw std::runtime_error("checksum mismatch"); });
+  REQUIRE(thrown->is_completed());
+  CHECK_FALSE(thrown->is_success());
+  CHECK_THROWS_WITH(thrown->wait(), "checksum mismatch");
+}
+
+TEST_CASE("get_future() is ready on completion and rethrows the Work's error", "[work][then]") {
+  auto work = std::make_shared<Work>(all_reduce_context(), milliseconds(5000));
+  std::shared_future<void> future = work->get_future();
+  CHECK(future.wait_for(milliseconds(0)) == std::future_status::timeout);
+  std::thread completer([&] { work->complete(); });
+  future.get();
+  completer.join();
+  CHECK(work->is_success());
+
+  auto failing = std::make_shared<Work>(all_reduce_context(), milliseconds(5000));
+  std::shared_future<void> bad = failing->get_future();
+  failing->fail(std::make_exception_ptr(Error(ErrorCode::Timeout, all_reduce_context(), "late")));
+  Error e = caught_error([&] { bad.get(); });
+  CHECK(e.code() == ErrorCode::Timeout);
+  CHECK(std::string(e.what()) == "rank 2/4 group \"dp\" all_reduce #17: Timeout: late");
+}
+
 }  // namespace
 }  // namespace weft
