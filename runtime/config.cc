@@ -24,9 +24,9 @@ namespace {
 // Every variable weft reads. Kept beside the parser so that a new one cannot be forgotten here.
 // WEFT_JOB_ID is a launcher variable (runtime/launch_env.h reads it), listed so it is not taken
 // for a typo.
-constexpr std::array<std::string_view, 9> kKnownVariables = {
+constexpr std::array<std::string_view, 10> kKnownVariables = {
     "WEFT_LOG",  "WEFT_TIMEOUT", "WEFT_STORE_TOKEN", "WEFT_SHM",    "WEFT_DEBUG",
-    "WEFT_ALGO", "WEFT_SPIN_US", "WEFT_PLUGIN_PATH", "WEFT_JOB_ID",
+    "WEFT_ALGO", "WEFT_SPIN_US", "WEFT_PLUGIN_PATH", "WEFT_JOB_ID", "WEFT_UCX_KEEPALIVE",
 };
 
 // WEFT_TIMEOUT bounds every blocking call, rendezvous and connection set-up included, which take
