@@ -543,7 +543,21 @@ void UcxTransport::handle_news() {
     WEFT_LOG_DEBUG("rank {}/{} group \"{}\" ucx: rank {} hung up", rank_, size_,
                    options_.group_name, peer);
     if (peer >= 0 && peer < size_ && peer != rank_) {
-      lost_news_.emplace_back(peer, fmt::format("hung up: it aborted its group ({})", reason));
+      const std::string why = fmt::format("hung up: it aborted its group ({})", reason);
+      lost_news_.emplace_back(peer, why);
+      // A hang-up means the group is over (it broke, or was aborted): every request fails now,
+      // not only those with that peer, so that a rank waiting on one whose failure UCX has not
+      // noticed yet (a dead peer's keepalive) learns at once, as the first failure says.
+      for (auto& [id, op] : ops_) {
+        if (op->finished || op->peer == peer) continue;
+        op->finished = true;
+        op->error.emplace(
+            ErrorCode::PeerLost,
+            fmt::format("rank {} {}; the group is over ({} with rank {}, {}, {} "
+                        "bytes, abandoned)",
+                        peer, why, names_[op->kind], op->peer, tag_text(op->tag), op->bytes));
+        if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+      }
     }
   }
   while (!lost_news_.empty()) {
@@ -591,19 +605,23 @@ void UcxTransport::close_endpoint(int peer, bool force) {
   ucp_ep_h ep = endpoints_[peer];
   endpoints_[peer] = nullptr;
   if (ep == nullptr) return;
-  bool closed = false;
+  // The flag the callback sets lives on the heap: past the bound it is left to UCX.
+  auto* closed = new bool(false);
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   param.cb.send = weft_ucx_closed;
-  param.user_data = &closed;
+  param.user_data = closed;
   void* request = ucp_ep_close_nbx(ep, &param);
-  if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
-  progress_until([&] { return closed; }, kLetGoBound);
-  if (!closed) {
-    // Never let UCX call back into this frame: it is about to go.
-    ucp_request_cancel(worker_, request);
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) {
+    delete closed;
+    return;
+  }
+  progress_until([&] { return *closed; }, kLetGoBound);
+  if (*closed) {
+    delete closed;
+  } else {
     WEFT_LOG_WARN("rank {}/{} group \"{}\" ucx: closing the endpoint to rank {} took over {} ms",
                   rank_, size_, options_.group_name, peer, kLetGoBound.count());
   }
@@ -618,50 +636,40 @@ void UcxTransport::handle_abort() {
     std::lock_guard<std::mutex> lock(reason_mutex_);
     reason = abort_reason_;
   }
-  // 1. Hang up on every live peer, so that one blocked on this rank learns now.
-  std::string notice = fmt::format("{}", rank_);
-  notice.push_back('\0');
-  notice += reason.substr(0, kHangupBytes - notice.size() - 1);
-  int outstanding = 0;
-  std::vector<void*> requests;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || endpoints_[r] == nullptr || !lost_[r].empty()) continue;
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send = [](void* request, ucs_status_t, void* user_data) {
-      --*static_cast<int*>(user_data);
-      ucp_request_free(request);
-    };
-    param.user_data = &outstanding;
-    void* request =
-        ucp_tag_send_nbx(endpoints_[r], notice.data(), notice.size() + 1, kHangupTag, &param);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
-      ++outstanding;
-      requests.push_back(request);
+  // 1. Hang up on every live peer, so that one blocked on this rank learns now. Sent locally
+  // is not delivered (TCP may still hold it), so each endpoint is flushed too, all bounded.
+  // What UCX's callbacks touch lives on the heap: it is let go of only once they all ran.
+  struct Hangups {
+    std::string notice;
+    int pending = 0;
+  };
+  auto* hangups = new Hangups;
+  hangups->notice = fmt::format("{}", rank_);
+  hangups->notice.push_back('\0');
+  hangups->notice += reason.substr(0, kHangupBytes - hangups->notice.size() - 1);
+  auto post = [&](auto&& start) {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || endpoints_[r] == nullptr || !lost_[r].empty()) continue;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      param.cb.send = [](void* request, ucs_status_t, void* user_data) {
+        --static_cast<Hangups*>(user_data)->pending;
+        ucp_request_free(request);
+      };
+      param.user_data = hangups;
+      void* request = start(endpoints_[r], &param);
+      if (request != nullptr && !UCS_PTR_IS_ERR(request)) ++hangups->pending;
     }
-  }
-  // Sent locally is not delivered (TCP may still hold it): flush each endpoint that got one,
-  // bounded, before the forced close below drops what it holds.
+  };
   const auto hangup_until = Clock::now() + kHangupBound;
-  progress_until([&] { return outstanding == 0; }, kHangupBound);
-  int flushing = 0;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || endpoints_[r] == nullptr || !lost_[r].empty()) continue;
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send = [](void* request, ucs_status_t, void* user_data) {
-      --*static_cast<int*>(user_data);
-      ucp_request_free(request);
-    };
-    param.user_data = &flushing;
-    void* request = ucp_ep_flush_nbx(endpoints_[r], &param);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
-      ++flushing;
-      requests.push_back(request);
-    }
-  }
+  post([&](ucp_ep_h ep, const ucp_request_param_t* param) {
+    return ucp_tag_send_nbx(ep, hangups->notice.data(), hangups->notice.size() + 1, kHangupTag,
+                            param);
+  });
+  progress_until([&] { return hangups->pending == 0; }, kHangupBound);
+  post([&](ucp_ep_h ep, const ucp_request_param_t* param) { return ucp_ep_flush_nbx(ep, param); });
   progress_until(
-      [&] { return flushing == 0 && outstanding == 0; },
+      [&] { return hangups->pending == 0; },
       std::max(std::chrono::milliseconds(1),
                std::chrono::duration_cast<std::chrono::milliseconds>(hangup_until - Clock::now())));
   // 2. Fail every request; receives are withdrawn from the worker, sends end with their
@@ -676,12 +684,9 @@ void UcxTransport::handle_abort() {
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) close_endpoint(r, /*force=*/true);
   }
-  // Hang-ups and flushes still pending reference `notice` and the counters, about to go: the
-  // forced closes above ended them; make sure before leaving.
-  if (outstanding > 0 || flushing > 0) {
-    for (void* request : requests) ucp_request_cancel(worker_, request);
-    progress_until([&] { return outstanding == 0 && flushing == 0; }, kLetGoBound);
-  }
+  // The forced closes above ended the hang-ups and flushes still pending.
+  progress_until([&] { return hangups->pending == 0; }, kLetGoBound);
+  if (hangups->pending == 0) delete hangups;  // else left to UCX: a callback may still come
 }
 
 void UcxTransport::abort(const std::string& reason) {
