@@ -2,7 +2,8 @@
 // it loads and serves "ucx" and "cpu:ucx" when it can. Cases run in this order in one process (the
 // registry is process-wide): the failures first, while "ucx" is not registered yet.
 //
-// WEFT_TEST_UCX_DIR (set by meson) is the folder holding the built libweft-backend-ucx.so.
+// WEFT_TEST_UCX_DIR (set by meson) is the folder holding the built libweft-backend-ucx.so;
+// meson also sets WEFT_BACKEND=ucx, which the group of one at the end takes.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -10,10 +11,12 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "weft/backend.h"
+#include "weft/hash_store.h"
 #include "weft/process_group.h"
 
 namespace weft {
@@ -99,6 +102,30 @@ TEST_CASE("the built module loads by name and serves cpu", "[ucx]") {
   // An unknown name is still an unknown backend, not "not available".
   const std::string what = resolve_error("no-such-backend");
   CHECK(what.find("unknown backend \"no-such-backend\"") != std::string::npos);
+}
+
+TEST_CASE("a group of one over WEFT_BACKEND=ucx runs collectives", "[ucx]") {
+  // meson sets WEFT_BACKEND=ucx for this program; the options name no backend.
+  const char* built = std::getenv("WEFT_TEST_UCX_DIR");
+  REQUIRE(built != nullptr);
+  REQUIRE(setenv("WEFT_PLUGIN_PATH", built, 1) == 0);
+  ProcessGroupOptions options;
+  options.store = std::make_shared<HashStore>();
+  options.rank = 0;
+  options.world_size = 1;
+  options.timeout = std::chrono::seconds(20);
+  auto pg = init_process_group(options);
+  CHECK(pg->backend_name() == "ucx");
+  std::vector<int32_t> x = {1, -2, 3, 1 << 30};
+  const std::vector<int32_t> expected = x;
+  pg->all_reduce(Tensor::of(x.data(), x.size()))->wait();
+  CHECK(x == expected);
+  std::vector<float> gathered(3, -1.0f);
+  float mine = 2.5f;
+  pg->all_gather_into_tensor(Tensor::of(gathered.data(), 1), Tensor::of(&mine, 1))->wait();
+  CHECK(gathered[0] == 2.5f);
+  CHECK(gathered[1] == -1.0f);
+  pg->barrier()->wait();
 }
 
 }  // namespace
