@@ -15,6 +15,10 @@ namespace weft::backends {
 std::chrono::nanoseconds spin_budget_for(
     int local_ranks, std::chrono::nanoseconds budget = std::chrono::microseconds(20));
 
+// sched_yield() rounds a waiter makes before sleeping when ranks outnumber cores (spin budget 0):
+// enough to hand the core to each rank sharing it once or twice; measured in docs/benchmarks.md.
+inline constexpr int kOversubscribedYieldRounds = 8;
+
 // "rank 3 <singular>" or "ranks 1, 3 <plural>": what set-up errors say of the ranks missing.
 std::string ranks_that(const std::vector<int>& ranks, std::string_view singular,
                        std::string_view plural);

@@ -1,6 +1,7 @@
 #include "backends/ucx/ucx_transport.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -44,6 +45,8 @@ constexpr std::chrono::milliseconds kSleepSlice{100};
 // How long abort() and destruction wait for UCX to let go of requests and endpoints.
 constexpr std::chrono::milliseconds kLetGoBound{1000};
 constexpr std::chrono::milliseconds kHangupBound{200};
+// How long after a peer's hang-up requests with other peers are abandoned (see handle_news).
+constexpr std::chrono::milliseconds kHangupGrace{1000};
 
 static_assert(kStepBitsKept + 1 + kSeqBitsKept == kRankShift);
 static_assert(uint64_t{collectives::kStepsPerPhase} * 4 == uint64_t{1} << kStepBitsKept);
@@ -309,6 +312,7 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
   }
   t->spin_budget_ = config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us)
                                           : backends::spin_budget_for(local);
+  if (t->spin_budget_.count() == 0) t->yield_rounds_ = backends::kOversubscribedYieldRounds;
   t->hangup_ = std::make_unique<Hangup>();
   t->post_hangup_receive();
   WEFT_LOG_DEBUG("{}: {} peers, {} ranks on this host, spin {} us", where, size - 1, local,
@@ -319,6 +323,7 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
 UcxTransport::~UcxTransport() {
   if (worker_ != nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
+    closing_ = true;
     // Cancel what is still posted (nothing, after a clean run), then close the endpoints,
     // flushing what is in flight, bounded.
     for (auto& [id, op] : ops_) {
@@ -539,24 +544,20 @@ void UcxTransport::handle_news() {
     std::string reason(text + std::strlen(text) + 1,
                        strnlen(text + std::strlen(text) + 1, kHangupBytes - std::strlen(text) - 1));
     std::memset(hangup_->buffer, 0, kHangupBytes);
-    post_hangup_receive();
+    if (!closing_) post_hangup_receive();
     WEFT_LOG_DEBUG("rank {}/{} group \"{}\" ucx: rank {} hung up", rank_, size_,
                    options_.group_name, peer);
     if (peer >= 0 && peer < size_ && peer != rank_) {
       const std::string why = fmt::format("hung up: it aborted its group ({})", reason);
       lost_news_.emplace_back(peer, why);
-      // A hang-up means the group is over (it broke, or was aborted): every request fails now,
-      // not only those with that peer, so that a rank waiting on one whose failure UCX has not
-      // noticed yet (a dead peer's keepalive) learns at once, as the first failure says.
-      for (auto& [id, op] : ops_) {
-        if (op->finished || op->peer == peer) continue;
-        op->finished = true;
-        op->error.emplace(
-            ErrorCode::PeerLost,
-            fmt::format("rank {} {}; the group is over ({} with rank {}, {}, {} "
-                        "bytes, abandoned)",
-                        peer, why, names_[op->kind], op->peer, tag_text(op->tag), op->bytes));
-        if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+      // A hang-up means the group is over (it broke, or was aborted). Requests with other peers
+      // are abandoned too after a grace period (abandon_after_hangup), so that a rank waiting on
+      // a peer whose death UCX has not noticed yet (a keepalive away) learns within it, while
+      // one whose own wait ends first (its own timeout, its own peer's failure) says so.
+      if (!hangup_grace_end_) {
+        hangup_grace_end_ = Clock::now() + kHangupGrace;
+        hangup_peer_ = peer;
+        hangup_why_ = why;
       }
     }
   }
@@ -591,6 +592,20 @@ void UcxTransport::lose_peer(int peer, const std::string& why) {
   // A failed endpoint must be closed (UCX's rule); one whose peer hung up holds sends that will
   // never complete: closing it ends them.
   close_endpoint(peer, /*force=*/true);
+}
+
+void UcxTransport::abandon_after_hangup() {
+  if (!hangup_grace_end_ || Clock::now() < *hangup_grace_end_) return;
+  for (auto& [id, op] : ops_) {
+    if (op->finished) continue;
+    op->finished = true;
+    op->error.emplace(ErrorCode::PeerLost,
+                      fmt::format("rank {} {}; the group is over ({} with rank {}, {}, {} bytes, "
+                                  "abandoned {} ms later)",
+                                  hangup_peer_, hangup_why_, names_[op->kind], op->peer,
+                                  tag_text(op->tag), op->bytes, kHangupGrace.count()));
+    if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+  }
 }
 
 template <class Done>
@@ -726,21 +741,31 @@ void UcxTransport::wait(Request request, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
   Op& op = pending(request, "ucx wait");
   Clock::time_point spin_end = Clock::now() + spin_budget_;
+  int yields = yield_rounds_;
   for (;;) {
     if (aborted_.load(std::memory_order_relaxed)) handle_abort();
+    abandon_after_hangup();
     if (op.finished) return finish(op);
     if (progress()) {
       spin_end = Clock::now() + spin_budget_;
+      yields = yield_rounds_;
       continue;
     }
     const auto now = Clock::now();
     if (now >= deadline) break;
     if (now < spin_end) continue;
+    if (yields > 0) {
+      // Ranks outnumber cores: hand the core to the rank this one waits for, a few times, before
+      // paying for a sleep and a wake-up (a ring step's messages come many at a time).
+      --yields;
+      sched_yield();
+      continue;
+    }
     // Nothing to do for a while: sleep on the worker's fd once it is armed (BUSY: events are
     // pending, progress again).
     ucs_status_t status = ucp_worker_arm(worker_);
     if (status == UCS_ERR_BUSY) continue;
-    sleep_until(deadline);
+    sleep_until(hangup_grace_end_ ? std::min(deadline, *hangup_grace_end_) : deadline);
     spin_end = Clock::now() + spin_budget_;
   }
   // Past the deadline: say what is outstanding, then make UCX let go of the buffer.

@@ -31,15 +31,16 @@
 // that peer then fails with Error(PeerLost) naming it and UCS's status string. abort() sends each
 // peer a short hang-up message (a reserved tag), so that a peer blocked on this rank learns at
 // once, as TCP's closed socket tells it, then closes the endpoints and fails every request with
-// Error(Aborted). A deadline passed fails the request with Error(Timeout) naming peer, tag and
-// bytes; a timed-out send closes its endpoint (UCX cannot take back a send in flight), so that the
-// caller's buffer is free when wait() throws.
+// Error(Aborted). A rank that gets a hang-up fails its requests with that peer at once and its
+// other requests a second later (unless they end first): the group is over. A deadline passed fails
+// the request with Error(Timeout) naming peer, tag and bytes; a timed-out send closes its endpoint
+// (UCX cannot take back a send in flight), so that the caller's buffer is free when wait() throws.
 //
 // Progress runs on the thread that waits (the backend's progress thread): ucp_worker_progress in a
 // loop for a short, bounded spin (WEFT_SPIN_US; none while the group's ranks on this host
-// outnumber its cores), then asleep on the worker's event fd (ucp_worker_arm, poll) beside an
-// eventfd that abort() writes. The sleep is cut into slices of at most 100 ms so that UCX's
-// keepalive runs while nothing arrives.
+// outnumber its cores; then a few sched_yield() rounds instead), then asleep on the worker's event
+// fd (ucp_worker_arm, poll) beside an eventfd that abort() writes. The sleep is cut into slices of
+// at most 100 ms so that UCX's keepalive runs while nothing arrives.
 //
 // Thread safety: one thread posts and waits; abort() may be called from any thread. A mutex
 // serialises the worker between them (held by the waiting thread except while it sleeps).
@@ -146,7 +147,14 @@ class UcxTransport final : public collectives::Transport {
   // What each endpoint's error handler gets: (this, peer).
   std::vector<std::unique_ptr<std::pair<UcxTransport*, int>>> handler_args_;
   bool in_news_ = false;
+  bool closing_ = false;
+  // After a peer hung up: when requests with other peers are abandoned, and why.
+  std::optional<collectives::Clock::time_point> hangup_grace_end_;
+  int hangup_peer_ = -1;
+  std::string hangup_why_;
+  void abandon_after_hangup();  // the destructor runs: the hang-up receive is not posted again
   std::chrono::nanoseconds spin_budget_{0};
+  int yield_rounds_ = 0;  // sched_yield() rounds before sleeping, when ranks outnumber cores
 
   std::mutex mutex_;  // serialises everything below between the owner and abort()
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;
