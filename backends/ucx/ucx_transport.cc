@@ -68,6 +68,25 @@ void default_setting(ucp_config_t* config, const char* name, const char* value) 
   }
 }
 
+// Whether UCX_TLS (as the user set it) may select a shared-memory transport: unset, "all", an
+// exclusion list ("^tcp"), or a list naming one. Asking UCX to configure transports it will not
+// load makes it warn "invalid configuration" at every group.
+bool tls_may_use_shared_memory() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0' || *tls == '^') return true;
+  std::string_view rest(tls);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view name = rest.substr(0, comma);
+    for (std::string_view shm : {"all", "sm", "shm", "mm", "posix", "sysv"}) {
+      if (name == shm) return true;
+    }
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
 std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
@@ -228,7 +247,7 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
   }
   const char* keepalive = std::getenv("WEFT_UCX_KEEPALIVE");
   default_setting(ucx_config, "KEEPALIVE_INTERVAL", keepalive && *keepalive ? keepalive : "1s");
-  default_setting(ucx_config, "MM_ERROR_HANDLING", "y");
+  if (tls_may_use_shared_memory()) default_setting(ucx_config, "MM_ERROR_HANDLING", "y");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
