@@ -24,10 +24,10 @@ namespace {
 // Every variable weft reads. Kept beside the parser so that a new one cannot be forgotten here.
 // WEFT_JOB_ID is a launcher variable (runtime/launch_env.h reads it), listed so it is not taken
 // for a typo.
-constexpr std::array<std::string_view, 11> kKnownVariables = {
-    "WEFT_LOG",    "WEFT_TIMEOUT",   "WEFT_STORE_TOKEN",   "WEFT_SHM",
-    "WEFT_DEBUG",  "WEFT_ALGO",      "WEFT_SPIN_US",       "WEFT_PLUGIN_PATH",
-    "WEFT_JOB_ID", "WEFT_HOST_ADDR", "WEFT_SOCKET_IFNAME",
+constexpr std::array<std::string_view, 13> kKnownVariables = {
+    "WEFT_LOG",     "WEFT_TIMEOUT",   "WEFT_STORE_TOKEN",   "WEFT_SHM",    "WEFT_DEBUG",
+    "WEFT_ALGO",    "WEFT_SPIN_US",   "WEFT_PLUGIN_PATH",   "WEFT_JOB_ID", "WEFT_UCX_KEEPALIVE",
+    "WEFT_BACKEND", "WEFT_HOST_ADDR", "WEFT_SOCKET_IFNAME",
 };
 
 // WEFT_TIMEOUT bounds every blocking call, rendezvous and connection set-up included, which take
@@ -124,6 +124,7 @@ Config Config::from_env(const std::function<const char*(const char*)>& lookup) {
     c.debug = v;
   }
   if (const char* v = lookup("WEFT_ALGO"); v) c.algo = v;
+  if (const char* v = lookup("WEFT_BACKEND"); v) c.backend = v;
   if (const char* v = lookup("WEFT_SPIN_US"); v && *v && std::string_view(v) != "auto") {
     std::string_view text(v);
     int us = 0;

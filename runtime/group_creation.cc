@@ -41,9 +41,10 @@ std::shared_ptr<ProcessGroup> make_group(
   state->name = std::move(name);
   state->timeout = timeout;
   state->global_ranks = std::move(global_ranks);
-  state->backend_text = backend_text;
+  // A group whose options name no backend takes WEFT_BACKEND's (sub-groups inherit the text).
+  state->backend_text = backend_text.empty() ? config().backend : backend_text;
   state->backend_settings = std::move(settings);
-  state->backend_map = parse_backend_map(backend_text, Registry::global());
+  state->backend_map = parse_backend_map(state->backend_text, Registry::global());
   state->debug_detail = config().debug == "detail";
   ProcessGroup::State& s = *state;
   auto group = std::make_shared<ProcessGroup>(std::move(state));

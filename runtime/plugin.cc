@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 
 #include "weft/backend.h"
 
+#include "runtime/backend_module.h"
 #include "runtime/log.h"
 #include "runtime/plugin_backend.h"
 
@@ -52,6 +54,49 @@ std::vector<std::string> search_dirs() {
   }
   dirs.emplace_back(WEFT_PLUGIN_DIR);
   return dirs;
+}
+
+// What a loaded library exports: a C ABI plugin or an in-tree module (runtime/backend_module.h).
+struct Loaded {
+  const PluginTable* plugin = nullptr;
+  const BackendModule* module = nullptr;
+  std::string name() const { return plugin ? plugin->v2.name : module->name; }
+  // For the log: "ABI v2" or "in-tree module".
+  std::string kind() const {
+    return plugin ? fmt::format("ABI v{}", plugin->abi_version) : "in-tree module";
+  }
+};
+
+// The backends built in this tree as modules of their own, with what they need at run time: a
+// name among them that cannot be loaded is "not available", saying why and what to install.
+struct OptionalModule {
+  std::string_view name;
+  std::string_view needs;
+};
+constexpr OptionalModule kOptionalModules[] = {
+    {"ucx",
+     "UCX's libraries (libucp.so.0: `apt-get install libucx0` on Debian and Ubuntu); weft builds "
+     "the module when libucx-dev is installed (meson feature -Ducx=auto, or enabled)"},
+};
+
+// Checks an in-tree module's export; returns it or throws with why it is refused.
+const BackendModule* check_module(const BackendModule* module, const std::string& file,
+                                  std::string_view expected_name) {
+  auto refuse = [&](std::string_view why) {
+    throw_error(ErrorCode::InvalidArgument, "backend plugin", fmt::format("{}: {}", file, why));
+  };
+  if (module->build == nullptr || std::string_view(module->build) != kBackendModuleBuild) {
+    refuse(
+        fmt::format("a weft module built for \"{}\", not this weft (\"{}\"): in-tree modules "
+                    "load only into the weft they were built with; reinstall them together",
+                    module->build ? module->build : "?", kBackendModuleBuild));
+  }
+  if (module->name == nullptr || module->name[0] == '\0') refuse("its name is empty");
+  if (!expected_name.empty() && expected_name != module->name) {
+    refuse(fmt::format("it calls itself \"{}\", not \"{}\"", module->name, expected_name));
+  }
+  if (module->entry == nullptr) refuse("its entry function is NULL");
+  return module;
 }
 
 // The checks every version shares, on its struct's leading members (the same in every version:
@@ -118,7 +163,14 @@ const PluginTable* check_plugin(void* handle, const std::string& file,
   return nullptr;  // not reached: refuse() throws
 }
 
-Registry::Entry entry_for(const PluginTable* table) {
+Registry::Entry entry_for(const Loaded& loaded) {
+  if (loaded.module != nullptr) {
+    Registry::Entry entry;
+    loaded.module->entry(&entry);
+    entry.name = loaded.module->name;
+    return entry;
+  }
+  const PluginTable* table = loaded.plugin;
   const weftBackendPlugin_v2_t* plugin = &table->v2;
   Registry::Entry entry;
   entry.name = plugin->name;
@@ -160,7 +212,7 @@ void check_regular(const std::string& file) {
 }
 
 // Opens `file` (a path); never closed: a plugin may keep threads and statics until exit.
-const PluginTable* open_plugin(const std::string& file, std::string_view expected_name) {
+Loaded open_plugin(const std::string& file, std::string_view expected_name) {
   check_regular(file);
   void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
@@ -169,7 +221,14 @@ const PluginTable* open_plugin(const std::string& file, std::string_view expecte
                 fmt::format("{}: dlopen failed: {}", file, why ? why : "unknown error"));
   }
   try {
-    return check_plugin(handle, file, expected_name);
+    Loaded loaded;
+    if (const auto* module =
+            static_cast<const BackendModule*>(dlsym(handle, kBackendModuleSymbol))) {
+      loaded.module = check_module(module, file, expected_name);
+    } else {
+      loaded.plugin = check_plugin(handle, file, expected_name);
+    }
+    return loaded;
   } catch (...) {
     dlclose(handle);
     throw;
@@ -179,18 +238,17 @@ const PluginTable* open_plugin(const std::string& file, std::string_view expecte
 }  // namespace
 
 std::string Registry::load_plugin(const std::string& path) {
-  const PluginTable* table = open_plugin(path, "");
-  const weftBackendPlugin_v2_t* plugin = &table->v2;
+  const Loaded loaded = open_plugin(path, "");
+  const std::string name = loaded.name();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Entry& known : entries_) {
-      if (known.name == plugin->name) return known.name;  // loaded before (or a built-in)
+      if (known.name == name) return known.name;  // loaded before (or a built-in)
     }
   }
-  add(entry_for(table));
-  WEFT_LOG_INFO("loaded backend plugin \"{}\" from {} (ABI v{})", plugin->name, path,
-                table->abi_version);
-  return plugin->name;
+  add(entry_for(loaded));
+  WEFT_LOG_INFO("loaded backend plugin \"{}\" from {} ({})", name, path, loaded.kind());
+  return name;
 }
 
 Registry::Entry Registry::resolve(std::string_view name) {
@@ -206,22 +264,36 @@ Registry::Entry Registry::resolve(std::string_view name) {
       continue;
     }
     try {
-      const PluginTable* table = open_plugin(path, name);
+      const Loaded loaded = open_plugin(path, name);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         for (const Entry& known : entries_) {
           if (known.name == name) return known;  // another thread loaded it meanwhile
         }
       }
-      add(entry_for(table));
-      WEFT_LOG_INFO("loaded backend plugin \"{}\" from {} (ABI v{})", name, path,
-                    table->abi_version);
+      add(entry_for(loaded));
+      WEFT_LOG_INFO("loaded backend plugin \"{}\" from {} ({})", name, path, loaded.kind());
       return find(name);
     } catch (const Error& e) {
       // Refused or unloadable: say why, and go on with the next directory.
       WEFT_LOG_WARN("{}", e.what());
       tried.push_back(e.what());
     }
+  }
+  for (const OptionalModule& optional : kOptionalModules) {
+    if (optional.name != name) continue;
+    // One of weft's own optional backends: say it is not there, why, and what it needs.
+    const bool none_found = std::all_of(tried.begin(), tried.end(), [](const std::string& t) {
+      return t.ends_with(": not there");
+    });
+    throw_error(
+        ErrorCode::InvalidArgument, "backend registry",
+        fmt::format("backend \"{}\" is not available: {}; it needs {}", name,
+                    none_found ? fmt::format("this weft was built without it ({} is in neither "
+                                             "WEFT_PLUGIN_PATH nor {})",
+                                             file, WEFT_PLUGIN_DIR)
+                               : fmt::format("{}", fmt::join(tried, "; ")),
+                    optional.needs));
   }
   throw_error(
       ErrorCode::InvalidArgument, "backend registry",

@@ -28,12 +28,6 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 
 }  // namespace
 
-std::chrono::nanoseconds spin_budget_for(int local_ranks, std::chrono::nanoseconds budget) {
-  unsigned cores = std::thread::hardware_concurrency();
-  if (cores == 0 || static_cast<unsigned>(local_ranks) > cores) return std::chrono::nanoseconds(0);
-  return budget;
-}
-
 Doorbell Doorbell::create(void* memory) {
   if (reinterpret_cast<uintptr_t>(memory) % kAlignment != 0) {
     throw_error(ErrorCode::InvalidArgument, "doorbell create",

@@ -46,6 +46,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/common/transport_util.h"
+
 namespace weft::tcp {
 
 namespace detail {
@@ -57,11 +59,8 @@ struct alignas(64) DoorbellState {
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 }  // namespace detail
 
-// A spin budget suited to `local_ranks` processes sharing this host's cores: 0 when they
-// outnumber the cores, else `budget`. The default is about what sleeping costs (a futex wake-up
-// took 12-15 us one-way in shm_ring_bench's ping-pong): spinning longer than that saves nothing.
-std::chrono::nanoseconds spin_budget_for(
-    int local_ranks, std::chrono::nanoseconds budget = std::chrono::microseconds(20));
+// spin_budget_for() is shared with every transport's wait loop (backends/common/transport_util.h).
+using backends::spin_budget_for;
 
 class Doorbell {
  public:

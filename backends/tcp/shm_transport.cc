@@ -65,9 +65,8 @@ int read_remote(pid_t pid, void* dst, uint64_t address, size_t bytes) {
   return 0;
 }
 constexpr size_t kMinRingBytes = 4096;
-// sched_yield() rounds before a futex sleep when ranks outnumber cores (see doorbell.h): enough to
-// hand the core to each rank sharing it once or twice; measured in docs/benchmarks.md.
-constexpr int kOversubscribedYieldRounds = 8;
+// sched_yield() rounds before a futex sleep when ranks outnumber cores (see doorbell.h).
+using backends::kOversubscribedYieldRounds;
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;  // as TcpTransport: larger is corrupt
 
 size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }

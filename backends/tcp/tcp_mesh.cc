@@ -21,10 +21,13 @@
 #include "weft/config.h"
 #include "weft/error.h"
 
+#include "backends/common/transport_util.h"
 #include "runtime/log.h"
 
 namespace weft::tcp {
 namespace {
+
+using backends::ranks_that;
 
 constexpr uint32_t kHandshakeMagic = 0x4d544657;  // "WFTM" read as little-endian bytes
 constexpr uint16_t kHandshakeVersion = 1;
@@ -115,13 +118,6 @@ uint64_t fnv1a(std::string_view text) {
     hash *= 0x100000001b3ULL;
   }
   return hash;
-}
-
-// "rank 3 <singular>" or "ranks 1, 3 <plural>".
-std::string ranks_that(const std::vector<int>& ranks, std::string_view singular,
-                       std::string_view plural) {
-  if (ranks.size() == 1) return fmt::format("rank {} {}", ranks.front(), singular);
-  return fmt::format("ranks {} {}", fmt::join(ranks, ", "), plural);
 }
 
 std::string shm_text(std::optional<bool> shm) { return shm ? (*shm ? "1" : "0") : "-"; }

@@ -36,6 +36,9 @@ struct Config {
   // sleeps. -1 (default, or "auto"): the transport's choice (spin only while the ranks on the host
   // do not outnumber its cores); 0: never spin.
   int spin_us = -1;
+  // WEFT_BACKEND: the backend map of a group whose options name none ("ucx", "cpu:ucx"), as
+  // ProcessGroupOptions::backend. Empty: each device kind's default.
+  std::string backend;
   // WEFT_PLUGIN_PATH: colon-separated folders searched for libweft-backend-NAME.so.
   std::vector<std::string> plugin_path;
   // WEFT_HOST_ADDR: the address this rank listens on and publishes to its peers ("10.0.0.5").

@@ -767,12 +767,17 @@ void run_rank_body(int rank, int size, uint16_t port, const std::vector<std::str
   r.world = init_process_group(options);
   std::vector<int> everyone(size);
   std::iota(everyone.begin(), everyone.end(), 0);
-  if (backend == "tcp") {
-    for (const std::string& shm : shms) {
+  // Backends made by the generic layer (backends/common) take "algo"; only tcp takes "shm" (ucx
+  // picks its transports by UCX_TLS).
+  const bool generic = backend == "tcp" || backend == "ucx";
+  const std::vector<std::string> no_shm = {""};
+  if (generic) {
+    for (const std::string& shm : backend == "tcp" ? shms : no_shm) {
       for (const std::string& algo : algos) {
         NewGroupOptions group_options;
         group_options.name = fmt::format("{}-shm{}", algo, shm);
-        group_options.backend_settings = {{"algo", algo}, {"shm", shm}};
+        group_options.backend_settings = {{"algo", algo}};
+        if (!shm.empty()) group_options.backend_settings["shm"] = shm;
         try {
           r.variants.push_back({algo, shm, r.world->new_group(everyone, group_options)});
         } catch (const Error& e) {

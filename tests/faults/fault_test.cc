@@ -1,7 +1,8 @@
-// Fault tests for process groups: real ranks (forked processes) over the tcp backend, failing on
-// purpose. A rank killed with SIGKILL mid all_reduce (over TCP and over shared memory), ranks that
-// issue different collectives under WEFT_DEBUG=detail, abort() from another thread mid collective,
-// a rank that skips a collective past a 1 s group timeout, and destroy() with work queued.
+// Fault tests for process groups: real ranks (forked processes) over the tcp backend (or the one
+// WEFT_TEST_BACKEND names: meson runs them over ucx too), failing on purpose. A rank killed with
+// SIGKILL mid all_reduce (over TCP and over shared memory), ranks that issue different collectives
+// under WEFT_DEBUG=detail, abort() from another thread mid collective, a rank that skips a
+// collective past a 1 s group timeout, and destroy() with work queued.
 //
 // What each test asserts is the contract in weft/process_group.h ("Failure"), with its time
 // bounds: detection well inside 5 s under a 60 s group timeout, so that a failure noticed only at
@@ -57,6 +58,10 @@ std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size, millisecon
   options.world_size = size;
   options.timeout = timeout;
   options.backend_settings = std::move(settings);
+  // WEFT_TEST_BACKEND runs the same faults on another backend ("ucx"; it ignores "shm").
+  if (const char* backend = std::getenv("WEFT_TEST_BACKEND"); backend && *backend) {
+    options.backend = backend;
+  }
   return init_process_group(options);
 }
 

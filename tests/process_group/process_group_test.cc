@@ -1,9 +1,10 @@
-// ProcessGroup end to end on real processes over the tcp backend: the API's shape (async Work,
-// issue order, sub-groups, coalescing, abort, destroy) rather than every collective x dtype, which
-// tests/conformance covers.
+// ProcessGroup end to end on real processes over the tcp backend (or WEFT_TEST_BACKEND's): the
+// API's shape (async Work, issue order, sub-groups, coalescing, abort, destroy) rather than every
+// collective x dtype, which tests/conformance covers.
 #include "weft/process_group.h"
 
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -22,9 +23,16 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// The backend under test: WEFT_TEST_BACKEND (meson runs this file over ucx too), default tcp.
+std::string backend_under_test() {
+  const char* value = std::getenv("WEFT_TEST_BACKEND");
+  return value && *value ? value : "tcp";
+}
+
 std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size,
                                    std::map<std::string, std::string> settings = {}) {
   ProcessGroupOptions options;
+  options.backend = backend_under_test();
   options.url = fmt::format("tcp://127.0.0.1:{}", port);
   options.rank = rank;
   options.world_size = size;
@@ -38,7 +46,7 @@ TEST_CASE("process group: all_reduce on 4 ranks, async, in issue order", "[proce
   test::run_ranks_ok(4, [&](int rank) {
     auto pg = join(port, rank, 4);
     RANK_CHECK(pg->rank() == rank && pg->size() == 4);
-    RANK_CHECK(pg->backend_name() == "tcp", "{}", pg->backend_name());
+    RANK_CHECK(pg->backend_name() == backend_under_test(), "{}", pg->backend_name());
     std::vector<std::vector<float>> buffers(5, std::vector<float>(1000));
     std::vector<std::shared_ptr<Work>> works;
     for (int i = 0; i < 5; ++i) {

@@ -1,0 +1,816 @@
+#include "backends/ucx/ucx_transport.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+#include <ucp/api/ucp.h>
+
+#include "weft/config.h"
+
+#include "backends/common/transport_util.h"
+#include "runtime/log.h"
+#include "runtime/reduce.h"
+
+namespace weft::ucx {
+
+using collectives::Clock;
+using collectives::Request;
+using collectives::Tag;
+using collectives::tag_text;
+
+namespace {
+
+enum Kind : int { kSend = 0, kRecv = 1, kRecvReduce = 2 };
+
+constexpr int kRankShift = 47;
+constexpr uint64_t kLowMask = (uint64_t{1} << kRankShift) - 1;
+constexpr int kStepBitsKept = 18;  // four phases of kStepsPerPhase steps
+constexpr int kSeqBitsKept = 28;
+// The hang-up message's tag: all ones, whose rank field (65535) is no sender's.
+constexpr uint64_t kHangupTag = ~uint64_t{0};
+constexpr size_t kHangupBytes = 512;
+// The longest one sleep lasts before the worker is progressed again (UCX's keepalive runs in
+// progress).
+constexpr std::chrono::milliseconds kSleepSlice{100};
+// How long abort() and destruction wait for UCX to let go of requests and endpoints.
+constexpr std::chrono::milliseconds kLetGoBound{1000};
+constexpr std::chrono::milliseconds kHangupBound{200};
+// How long after a peer's hang-up requests with other peers are abandoned (see handle_news).
+constexpr std::chrono::milliseconds kHangupGrace{1000};
+
+static_assert(kStepBitsKept + 1 + kSeqBitsKept == kRankShift);
+static_assert(uint64_t{collectives::kStepsPerPhase} * 4 == uint64_t{1} << kStepBitsKept);
+
+std::string status_text(ucs_status_t status) {
+  return fmt::format("{} (UCS status {})", ucs_status_string(status), static_cast<int>(status));
+}
+
+[[noreturn]] void throw_ucs(std::string_view where, std::string_view call, ucs_status_t status) {
+  throw_error(ErrorCode::Io, where, fmt::format("{}: {}", call, status_text(status)));
+}
+
+// Sets a UCX setting the user did not set in the environment (UCX_<name>).
+void default_setting(ucp_config_t* config, const char* name, const char* value) {
+  if (std::getenv(fmt::format("UCX_{}", name).c_str()) != nullptr) return;
+  ucs_status_t status = ucp_config_modify(config, name, value);
+  if (status != UCS_OK) {
+    WEFT_LOG_DEBUG("ucx: cannot set {}={}: {}", name, value, status_text(status));
+  }
+}
+
+// Whether UCX_TLS (as the user set it) may select a shared-memory transport: unset, "all", an
+// exclusion list ("^tcp"), or a list naming one. Asking UCX to configure transports it will not
+// load makes it warn "invalid configuration" at every group.
+bool tls_may_use_shared_memory() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0' || *tls == '^') return true;
+  std::string_view rest(tls);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view name = rest.substr(0, comma);
+    for (std::string_view shm : {"all", "sm", "shm", "mm", "posix", "sysv"}) {
+      if (name == shm) return true;
+    }
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
+}  // namespace
+
+uint64_t ucp_tag_of(Tag tag, int sender) {
+  uint64_t low;
+  uint64_t kind;
+  if (tag & collectives::kPointToPointBit) {
+    const uint64_t user = tag & ~collectives::kPointToPointBit;
+    low = (user ^ (user >> kRankShift)) & kLowMask;
+    kind = 1;
+  } else {
+    const uint64_t step = tag & ((uint64_t{1} << kStepBitsKept) - 1);
+    const uint64_t internal = (tag >> 62) & 1;
+    const uint64_t seq = (tag >> collectives::kStepBits) & ((uint64_t{1} << kSeqBitsKept) - 1);
+    low = (seq << (kStepBitsKept + 1)) | (internal << kStepBitsKept) | step;
+    kind = 0;
+  }
+  return (kind << 63) | (static_cast<uint64_t>(sender) << kRankShift) | low;
+}
+
+struct UcxTransport::Op {
+  UcxTransport* transport = nullptr;
+  uint64_t id = 0;
+  int peer = 0;
+  int kind = kSend;
+  Tag tag = 0;
+  size_t bytes = 0;
+  void* request = nullptr;  // UCX's, while it holds the buffers
+  bool ucx_done = true;     // UCX has let go of the buffers
+  bool finished = false;    // the result is known
+  bool reported = false;    // wait() returned or threw
+  // Why it failed, in the words of the failure; finish() puts this rank's context in front.
+  std::optional<std::pair<ErrorCode, std::string>> error;
+  // recv_reduce
+  void* dst = nullptr;
+  size_t count = 0;
+  DType dtype = DType::Float32;
+  ReduceOp reduce_op;
+  Staging staging;
+};
+
+struct UcxTransport::Hangup {
+  uint8_t buffer[kHangupBytes] = {};
+  void* request = nullptr;
+  bool landed = false;
+  size_t length = 0;
+};
+
+namespace {
+
+void release(UcxTransport::Op& op, void* request) {
+  op.ucx_done = true;
+  op.request = nullptr;
+  ucp_request_free(request);
+  if (op.reported) op.transport->note_released(op.id);
+}
+
+}  // namespace
+
+// ---- UCX's callbacks (inside ucp_worker_progress, on the owner, mutex held).
+
+extern "C" {
+
+static void weft_ucx_send_done(void* request, ucs_status_t status, void* user_data) {
+  auto& op = *static_cast<UcxTransport::Op*>(user_data);
+  if (!op.finished) {
+    op.finished = true;
+    if (status != UCS_OK) {
+      op.error.emplace(ErrorCode::PeerLost,
+                       fmt::format("ucx send to rank {} ({}, {} bytes) failed: {}", op.peer,
+                                   tag_text(op.tag), op.bytes, status_text(status)));
+    }
+  }
+  release(op, request);
+}
+
+static void weft_ucx_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                               void* user_data) {
+  auto& op = *static_cast<UcxTransport::Op*>(user_data);
+  if (!op.finished) {
+    op.finished = true;
+    if (status == UCS_OK && info->length != op.bytes) {
+      op.error.emplace(ErrorCode::Protocol,
+                       fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
+                                   op.peer, info->length, tag_text(op.tag), op.bytes));
+    } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+      op.error.emplace(ErrorCode::Protocol,
+                       fmt::format("rank {} sent more than the {} bytes this rank expects with "
+                                   "{}: {}",
+                                   op.peer, op.bytes, tag_text(op.tag), status_text(status)));
+    } else if (status != UCS_OK) {
+      op.error.emplace(ErrorCode::PeerLost,
+                       fmt::format("ucx receive from rank {} ({}, {} bytes) failed: {}", op.peer,
+                                   tag_text(op.tag), op.bytes, status_text(status)));
+    } else if (op.kind == kRecvReduce) {
+      // The message has landed whole in the staging buffer: combine it into the destination.
+      reduce::accumulate(op.dst, op.staging.data.get(), op.count, op.dtype, op.reduce_op);
+    }
+  }
+  release(op, request);
+}
+
+static void weft_ucx_hangup_landed(void* request, ucs_status_t status,
+                                   const ucp_tag_recv_info_t* info, void* user_data) {
+  auto& transport = *static_cast<UcxTransport*>(user_data);
+  ucp_request_free(request);
+  if (status == UCS_ERR_CANCELED) return;
+  (void)info;
+  transport.note_hangup();
+}
+
+static void weft_ucx_ep_failed(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  (void)ep;
+  auto* peer = static_cast<std::pair<UcxTransport*, int>*>(arg);
+  peer->first->note_lost(peer->second,
+                         fmt::format("is lost: its UCX endpoint failed: {}", status_text(status)));
+}
+
+static void weft_ucx_closed(void* request, ucs_status_t status, void* user_data) {
+  (void)status;
+  *static_cast<bool*>(user_data) = true;
+  ucp_request_free(request);
+}
+
+}  // extern "C"
+
+// ---- Set-up.
+
+UcxTransport::UcxTransport(int rank, int size, Options options)
+    : rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      names_{"ucx send", "ucx recv", "ucx recv_reduce"} {}
+
+namespace {
+// The (transport, peer) each endpoint's error handler gets.
+using PeerArg = std::pair<UcxTransport*, int>;
+}  // namespace
+
+std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int size,
+                                                    const Options& options) {
+  const std::string where =
+      fmt::format("rank {}/{} group \"{}\" ucx connect", rank, size, options.group_name);
+  if (size < 1 || size > kMaxRanks || rank < 0 || rank >= size) {
+    throw_error(ErrorCode::InvalidArgument, where,
+                fmt::format("rank {} of {}: UCX groups have 1 to {} ranks", rank, size, kMaxRanks));
+  }
+  std::unique_ptr<UcxTransport> t(new UcxTransport(rank, size, options));
+
+  ucp_config_t* ucx_config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &ucx_config); s != UCS_OK) {
+    throw_ucs(where, "ucp_config_read", s);
+  }
+  const char* keepalive = std::getenv("WEFT_UCX_KEEPALIVE");
+  default_setting(ucx_config, "KEEPALIVE_INTERVAL", keepalive && *keepalive ? keepalive : "1s");
+  if (tls_may_use_shared_memory()) default_setting(ucx_config, "MM_ERROR_HANDLING", "y");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  ucs_status_t status = ucp_init(&params, ucx_config, &t->context_);
+  ucp_config_release(ucx_config);
+  if (status != UCS_OK) throw_ucs(where, "ucp_init", status);
+
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  if (status = ucp_worker_create(t->context_, &worker_params, &t->worker_); status != UCS_OK) {
+    throw_ucs(where, "ucp_worker_create", status);
+  }
+  if (status = ucp_worker_get_efd(t->worker_, &t->worker_fd_); status != UCS_OK) {
+    throw_ucs(where, "ucp_worker_get_efd", status);
+  }
+  t->abort_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (t->abort_fd_ < 0) {
+    throw_error(ErrorCode::Io, where, fmt::format("eventfd: {}", std::strerror(errno)));
+  }
+
+  // 1. Publish this rank's record: its host, then its worker address.
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  if (status = ucp_worker_get_address(t->worker_, &address, &address_length); status != UCS_OK) {
+    throw_ucs(where, "ucp_worker_get_address", status);
+  }
+  const std::string host = host_name();
+  Bytes record(host.begin(), host.end());
+  record.push_back(0);
+  const auto* raw = reinterpret_cast<const uint8_t*>(address);
+  record.insert(record.end(), raw, raw + address_length);
+  ucp_worker_release_address(t->worker_, address);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(fmt::format("{}/{}", options.key_prefix, r));
+  store.set(keys[rank], record);
+
+  // 2. Read every rank's record in one request.
+  std::vector<Bytes> records;
+  try {
+    records = store.multi_get(keys, options.timeout);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::Timeout) throw;
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({keys[r]})) missing.push_back(r);
+    }
+    throw_error(ErrorCode::Timeout, where,
+                fmt::format("{} under \"{}/\" within {} ms",
+                            backends::ranks_that(missing, "did not publish its UCX address",
+                                                 "did not publish their UCX addresses"),
+                            options.key_prefix, options.timeout.count()));
+  }
+
+  // 3. One endpoint per peer, failing (not hanging) when the peer dies.
+  int local = 0;
+  t->endpoints_.assign(size, nullptr);
+  t->lost_.assign(size, "");
+  for (int r = 0; r < size; ++r) {
+    const Bytes& value = records[r];
+    auto nul = std::find(value.begin(), value.end(), uint8_t{0});
+    if (nul == value.end() || nul + 1 == value.end()) {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  fmt::format("rank {}'s record under \"{}\" is malformed ({} bytes)", r, keys[r],
+                              value.size()));
+    }
+    if (std::string(value.begin(), nul) == host) ++local;
+    if (r == rank) continue;
+    ucp_ep_params_t ep_params{};
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(&*(nul + 1));
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_handler.cb = weft_ucx_ep_failed;
+    t->handler_args_.push_back(std::make_unique<PeerArg>(t.get(), r));
+    ep_params.err_handler.arg = t->handler_args_.back().get();
+    if (status = ucp_ep_create(t->worker_, &ep_params, &t->endpoints_[r]); status != UCS_OK) {
+      throw_ucs(where, fmt::format("ucp_ep_create to rank {}", r), status);
+    }
+  }
+  t->spin_budget_ = config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us)
+                                          : backends::spin_budget_for(local);
+  if (t->spin_budget_.count() == 0) t->yield_rounds_ = backends::kOversubscribedYieldRounds;
+  t->hangup_ = std::make_unique<Hangup>();
+  t->post_hangup_receive();
+  WEFT_LOG_DEBUG("{}: {} peers, {} ranks on this host, spin {} us", where, size - 1, local,
+                 std::chrono::duration_cast<std::chrono::microseconds>(t->spin_budget_).count());
+  return t;
+}
+
+UcxTransport::~UcxTransport() {
+  if (worker_ != nullptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closing_ = true;
+    // Cancel what is still posted (nothing, after a clean run), then close the endpoints,
+    // flushing what is in flight, bounded.
+    for (auto& [id, op] : ops_) {
+      if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+    }
+    if (hangup_ && hangup_->request != nullptr) ucp_request_cancel(worker_, hangup_->request);
+    for (size_t r = 0; r < endpoints_.size(); ++r) {
+      if (endpoints_[r] != nullptr) close_endpoint(static_cast<int>(r), abort_handled_);
+    }
+    progress_until(
+        [&] {
+          return std::all_of(ops_.begin(), ops_.end(),
+                             [](const auto& entry) { return entry.second->ucx_done; });
+        },
+        kLetGoBound);
+    ucp_worker_destroy(worker_);
+  }
+  if (context_ != nullptr) ucp_cleanup(context_);
+  if (abort_fd_ >= 0) ::close(abort_fd_);
+}
+
+// ---- Requests.
+
+Error UcxTransport::error(ErrorCode code, const char* op, const std::string& detail) const {
+  ErrorContext context;
+  context.rank = rank_;
+  context.size = size_;
+  context.group = options_.group_name;
+  context.op = op;
+  return Error(code, context, detail);
+}
+
+UcxTransport::Staging UcxTransport::take_staging(size_t bytes) {
+  // The smallest free buffer that fits; else a new one, touched now so that no receive pays for
+  // its page faults.
+  auto best = staging_free_.end();
+  for (auto it = staging_free_.begin(); it != staging_free_.end(); ++it) {
+    if (it->capacity >= bytes && (best == staging_free_.end() || it->capacity < best->capacity)) {
+      best = it;
+    }
+  }
+  if (best != staging_free_.end()) {
+    Staging staging = std::move(*best);
+    staging_free_.erase(best);
+    return staging;
+  }
+  Staging staging;
+  staging.capacity = std::bit_ceil(std::max<size_t>(bytes, 64));
+  staging.data = std::make_unique<uint8_t[]>(staging.capacity);  // value-initialised: touched
+  return staging;
+}
+
+UcxTransport::Op& UcxTransport::post(int peer, int kind, Tag tag, size_t bytes) {
+  WEFT_CHECK(peer >= 0 && peer < size_ && peer != rank_);
+  auto owned = std::make_unique<Op>();
+  Op& op = *owned;
+  op.transport = this;
+  op.id = next_id_++;
+  op.peer = peer;
+  op.kind = kind;
+  op.tag = tag;
+  op.bytes = bytes;
+  ops_.emplace(op.id, std::move(owned));
+  if (abort_handled_) {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    op.finished = true;
+    op.error.emplace(ErrorCode::Aborted, abort_reason_);
+  } else if (!lost_[peer].empty()) {
+    op.finished = true;
+    op.error.emplace(ErrorCode::PeerLost, fmt::format("rank {} {}", peer, lost_[peer]));
+  }
+  return op;
+}
+
+Request UcxTransport::send(int peer, const void* data, size_t bytes, Tag tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Op& op = post(peer, kSend, tag, bytes);
+  if (op.finished) return Request{op.id};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = weft_ucx_send_done;
+  param.user_data = &op;
+  op.ucx_done = false;
+  void* request = ucp_tag_send_nbx(endpoints_[peer], data, bytes, ucp_tag_of(tag, rank_), &param);
+  if (request == nullptr) {
+    op.ucx_done = true;
+    op.finished = true;
+  } else if (UCS_PTR_IS_ERR(request)) {
+    op.ucx_done = true;
+    op.finished = true;
+    op.error.emplace(ErrorCode::PeerLost,
+                     fmt::format("send to rank {} ({}, {} bytes): {}", peer, tag_text(tag), bytes,
+                                 status_text(UCS_PTR_STATUS(request))));
+  } else {
+    op.request = request;
+  }
+  return Request{op.id};
+}
+
+namespace {
+
+void* post_ucx_recv(ucp_worker_h worker, void* data, size_t bytes, uint64_t tag,
+                    UcxTransport::Op& op) {
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.cb.recv = weft_ucx_recv_done;
+  param.user_data = &op;
+  return ucp_tag_recv_nbx(worker, data, bytes, tag, ~uint64_t{0}, &param);
+}
+
+}  // namespace
+
+Request UcxTransport::recv(int peer, void* data, size_t bytes, Tag tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Op& op = post(peer, kRecv, tag, bytes);
+  if (op.finished) return Request{op.id};
+  op.ucx_done = false;
+  void* request = post_ucx_recv(worker_, data, bytes, ucp_tag_of(tag, peer), op);
+  if (UCS_PTR_IS_ERR(request)) {
+    op.ucx_done = true;
+    op.finished = true;
+    op.error.emplace(ErrorCode::Io,
+                     fmt::format("receive from rank {} ({}, {} bytes): {}", peer, tag_text(tag),
+                                 bytes, status_text(UCS_PTR_STATUS(request))));
+  } else {
+    op.request = request;
+  }
+  return Request{op.id};
+}
+
+Request UcxTransport::recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op_,
+                                  Tag tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t bytes = count * dtype_size(dtype);
+  Op& op = post(peer, kRecvReduce, tag, bytes);
+  if (op.finished) return Request{op.id};
+  op.dst = dst;
+  op.count = count;
+  op.dtype = dtype;
+  op.reduce_op = op_;
+  op.staging = take_staging(bytes);
+  op.ucx_done = false;
+  void* request = post_ucx_recv(worker_, op.staging.data.get(), bytes, ucp_tag_of(tag, peer), op);
+  if (UCS_PTR_IS_ERR(request)) {
+    op.ucx_done = true;
+    op.finished = true;
+    op.error.emplace(ErrorCode::Io,
+                     fmt::format("receive from rank {} ({}, {} bytes): {}", peer, tag_text(tag),
+                                 bytes, status_text(UCS_PTR_STATUS(request))));
+  } else {
+    op.request = request;
+  }
+  return Request{op.id};
+}
+
+UcxTransport::Op& UcxTransport::pending(Request request, const char* what) {
+  auto it = ops_.find(request.id);
+  if (it == ops_.end() || it->second->reported) {
+    throw error(
+        ErrorCode::InvalidArgument, what,
+        fmt::format("request {} is not pending (never posted, or already waited for)", request.id));
+  }
+  return *it->second;
+}
+
+void UcxTransport::finish(Op& op) {
+  op.reported = true;
+  std::optional<Error> failure;
+  if (op.error) failure.emplace(error(op.error->first, names_[op.kind].c_str(), op.error->second));
+  if (op.ucx_done) {
+    if (op.staging.data) staging_free_.push_back(std::move(op.staging));
+    ops_.erase(op.id);
+  }
+  if (failure) throw *failure;
+}
+
+// ---- Progress.
+
+bool UcxTransport::progress() {
+  bool any = false;
+  while (ucp_worker_progress(worker_) != 0) any = true;
+  if (!lost_news_.empty() || !released_.empty() || (hangup_ && hangup_->landed)) {
+    handle_news();
+    any = true;
+  }
+  return any;
+}
+
+void UcxTransport::note_hangup() { hangup_->landed = true; }
+
+void UcxTransport::post_hangup_receive() {
+  hangup_->landed = false;
+  hangup_->request = nullptr;
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.cb.recv = weft_ucx_hangup_landed;
+  param.user_data = this;
+  void* request =
+      ucp_tag_recv_nbx(worker_, hangup_->buffer, kHangupBytes, kHangupTag, ~uint64_t{0}, &param);
+  if (!UCS_PTR_IS_ERR(request)) hangup_->request = request;
+}
+
+void UcxTransport::handle_news() {
+  // Closing an endpoint progresses the worker, which may bring more news: it waits for the
+  // outer call, which is iterating over the requests.
+  if (in_news_) return;
+  in_news_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{in_news_};
+  if (hangup_ && hangup_->landed) {
+    // "<rank>\0<reason>": a peer aborted and hung up on this rank.
+    const char* text = reinterpret_cast<const char*>(hangup_->buffer);
+    const int peer = std::atoi(text);
+    std::string reason(text + std::strlen(text) + 1,
+                       strnlen(text + std::strlen(text) + 1, kHangupBytes - std::strlen(text) - 1));
+    std::memset(hangup_->buffer, 0, kHangupBytes);
+    if (!closing_) post_hangup_receive();
+    WEFT_LOG_DEBUG("rank {}/{} group \"{}\" ucx: rank {} hung up", rank_, size_,
+                   options_.group_name, peer);
+    if (peer >= 0 && peer < size_ && peer != rank_) {
+      const std::string why = fmt::format("hung up: it aborted its group ({})", reason);
+      lost_news_.emplace_back(peer, why);
+      // A hang-up means the group is over (it broke, or was aborted). Requests with other peers
+      // are abandoned too after a grace period (abandon_after_hangup), so that a rank waiting on
+      // a peer whose death UCX has not noticed yet (a keepalive away) learns within it, while
+      // one whose own wait ends first (its own timeout, its own peer's failure) says so.
+      if (!hangup_grace_end_) {
+        hangup_grace_end_ = Clock::now() + kHangupGrace;
+        hangup_peer_ = peer;
+        hangup_why_ = why;
+      }
+    }
+  }
+  while (!lost_news_.empty()) {
+    auto lost = std::move(lost_news_);
+    lost_news_.clear();
+    for (const auto& [peer, why] : lost) lose_peer(peer, why);
+  }
+  auto released = std::move(released_);
+  released_.clear();
+  for (uint64_t id : released) {
+    auto it = ops_.find(id);
+    if (it == ops_.end() || !it->second->reported || !it->second->ucx_done) continue;
+    if (it->second->staging.data) staging_free_.push_back(std::move(it->second->staging));
+    ops_.erase(it);
+  }
+}
+
+void UcxTransport::lose_peer(int peer, const std::string& why) {
+  if (!lost_[peer].empty()) return;
+  lost_[peer] = why;
+  WEFT_LOG_DEBUG("rank {}/{} group \"{}\" ucx: rank {} {}", rank_, size_, options_.group_name, peer,
+                 why);
+  for (auto& [id, op] : ops_) {
+    if (op->peer != peer || op->finished) continue;
+    op->finished = true;
+    op->error.emplace(ErrorCode::PeerLost, fmt::format("rank {} {} ({}, {} bytes)", peer, why,
+                                                       tag_text(op->tag), op->bytes));
+    // A receive stays posted on the worker until cancelled; a send fails with its endpoint.
+    if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+  }
+  // A failed endpoint must be closed (UCX's rule); one whose peer hung up holds sends that will
+  // never complete: closing it ends them.
+  close_endpoint(peer, /*force=*/true);
+}
+
+void UcxTransport::abandon_after_hangup() {
+  if (!hangup_grace_end_ || Clock::now() < *hangup_grace_end_) return;
+  for (auto& [id, op] : ops_) {
+    if (op->finished) continue;
+    op->finished = true;
+    op->error.emplace(ErrorCode::PeerLost,
+                      fmt::format("rank {} {}; the group is over ({} with rank {}, {}, {} bytes, "
+                                  "abandoned {} ms later)",
+                                  hangup_peer_, hangup_why_, names_[op->kind], op->peer,
+                                  tag_text(op->tag), op->bytes, kHangupGrace.count()));
+    if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+  }
+}
+
+template <class Done>
+void UcxTransport::progress_until(Done&& done, std::chrono::milliseconds bound) {
+  const auto until = Clock::now() + bound;
+  while (!done() && Clock::now() < until) {
+    if (!progress()) std::this_thread::yield();
+  }
+}
+
+void UcxTransport::close_endpoint(int peer, bool force) {
+  ucp_ep_h ep = endpoints_[peer];
+  endpoints_[peer] = nullptr;
+  if (ep == nullptr) return;
+  // The flag the callback sets lives on the heap: past the bound it is left to UCX.
+  auto* closed = new bool(false);
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  param.cb.send = weft_ucx_closed;
+  param.user_data = closed;
+  void* request = ucp_ep_close_nbx(ep, &param);
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) {
+    delete closed;
+    return;
+  }
+  progress_until([&] { return *closed; }, kLetGoBound);
+  if (*closed) {
+    delete closed;
+  } else {
+    WEFT_LOG_WARN("rank {}/{} group \"{}\" ucx: closing the endpoint to rank {} took over {} ms",
+                  rank_, size_, options_.group_name, peer, kLetGoBound.count());
+  }
+}
+
+void UcxTransport::handle_abort() {
+  if (abort_handled_) return;
+  abort_handled_ = true;
+  WEFT_LOG_DEBUG("rank {}/{} group \"{}\" ucx: aborting", rank_, size_, options_.group_name);
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    reason = abort_reason_;
+  }
+  // 1. Hang up on every live peer, so that one blocked on this rank learns now. Sent locally
+  // is not delivered (TCP may still hold it), so each endpoint is flushed too, all bounded.
+  // What UCX's callbacks touch lives on the heap: it is let go of only once they all ran.
+  struct Hangups {
+    std::string notice;
+    int pending = 0;
+  };
+  auto* hangups = new Hangups;
+  hangups->notice = fmt::format("{}", rank_);
+  hangups->notice.push_back('\0');
+  hangups->notice += reason.substr(0, kHangupBytes - hangups->notice.size() - 1);
+  auto post = [&](auto&& start) {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || endpoints_[r] == nullptr || !lost_[r].empty()) continue;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      param.cb.send = [](void* request, ucs_status_t, void* user_data) {
+        --static_cast<Hangups*>(user_data)->pending;
+        ucp_request_free(request);
+      };
+      param.user_data = hangups;
+      void* request = start(endpoints_[r], &param);
+      if (request != nullptr && !UCS_PTR_IS_ERR(request)) ++hangups->pending;
+    }
+  };
+  const auto hangup_until = Clock::now() + kHangupBound;
+  post([&](ucp_ep_h ep, const ucp_request_param_t* param) {
+    return ucp_tag_send_nbx(ep, hangups->notice.data(), hangups->notice.size() + 1, kHangupTag,
+                            param);
+  });
+  progress_until([&] { return hangups->pending == 0; }, kHangupBound);
+  post([&](ucp_ep_h ep, const ucp_request_param_t* param) { return ucp_ep_flush_nbx(ep, param); });
+  progress_until(
+      [&] { return hangups->pending == 0; },
+      std::max(std::chrono::milliseconds(1),
+               std::chrono::duration_cast<std::chrono::milliseconds>(hangup_until - Clock::now())));
+  // 2. Fail every request; receives are withdrawn from the worker, sends end with their
+  // endpoints.
+  for (auto& [id, op] : ops_) {
+    if (!op->finished) {
+      op->finished = true;
+      op->error.emplace(ErrorCode::Aborted, reason);
+    }
+    if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+  }
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) close_endpoint(r, /*force=*/true);
+  }
+  // The forced closes above ended the hang-ups and flushes still pending.
+  progress_until([&] { return hangups->pending == 0; }, kLetGoBound);
+  if (hangups->pending == 0) delete hangups;  // else left to UCX: a callback may still come
+}
+
+void UcxTransport::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason;
+  }
+  aborted_.store(true);
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(abort_fd_, &one, sizeof(one));
+  // The owner notices within one progress round and sleeps only outside the mutex, so this is
+  // bounded: it hangs up now when no wait() is running.
+  std::lock_guard<std::mutex> lock(mutex_);
+  handle_abort();
+}
+
+void UcxTransport::sleep_until(Clock::time_point until) {
+  pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {abort_fd_, POLLIN, 0}};
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+  const int timeout_ms =
+      static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, kSleepSlice.count()));
+  mutex_.unlock();
+  ::poll(fds, 2, timeout_ms);
+  mutex_.lock();
+}
+
+bool UcxTransport::test(Request request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Op& op = pending(request, "ucx test");
+  if (aborted_.load(std::memory_order_relaxed)) handle_abort();
+  if (!op.finished) progress();
+  return op.finished;
+}
+
+void UcxTransport::wait(Request request, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  Op& op = pending(request, "ucx wait");
+  Clock::time_point spin_end = Clock::now() + spin_budget_;
+  int yields = yield_rounds_;
+  for (;;) {
+    if (aborted_.load(std::memory_order_relaxed)) handle_abort();
+    abandon_after_hangup();
+    if (op.finished) return finish(op);
+    if (progress()) {
+      spin_end = Clock::now() + spin_budget_;
+      yields = yield_rounds_;
+      continue;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    if (now < spin_end) continue;
+    if (yields > 0) {
+      // Ranks outnumber cores: hand the core to the rank this one waits for, a few times, before
+      // paying for a sleep and a wake-up (a ring step's messages come many at a time).
+      --yields;
+      sched_yield();
+      continue;
+    }
+    // Nothing to do for a while: sleep on the worker's fd once it is armed (BUSY: events are
+    // pending, progress again).
+    ucs_status_t status = ucp_worker_arm(worker_);
+    if (status == UCS_ERR_BUSY) continue;
+    sleep_until(hangup_grace_end_ ? std::min(deadline, *hangup_grace_end_) : deadline);
+    spin_end = Clock::now() + spin_budget_;
+  }
+  // Past the deadline: say what is outstanding, then make UCX let go of the buffer.
+  Error timeout =
+      error(ErrorCode::Timeout, names_[op.kind].c_str(),
+            op.kind == kSend ? fmt::format("send to rank {} ({}, {} bytes) not complete", op.peer,
+                                           tag_text(op.tag), op.bytes)
+                             : fmt::format("nothing complete from rank {} ({}): {} bytes "
+                                           "outstanding",
+                                           op.peer, tag_text(op.tag), op.bytes));
+  op.finished = true;
+  if (op.request != nullptr) {
+    if (op.kind == kSend) {
+      // UCX cannot take back a send in flight: closing the endpoint (lose_peer) ends it.
+      lose_peer(op.peer, "was given up on: a send to it timed out and its endpoint was closed");
+    } else {
+      ucp_request_cancel(worker_, op.request);
+    }
+    progress_until([&] { return op.ucx_done; }, kLetGoBound);
+  }
+  op.reported = true;
+  if (op.ucx_done) {
+    if (op.staging.data) staging_free_.push_back(std::move(op.staging));
+    ops_.erase(op.id);
+  }
+  throw timeout;
+}
+
+}  // namespace weft::ucx

@@ -1,0 +1,188 @@
+// backends/ucx/ucx_transport.h: collectives::Transport over UCX's tagged messages (UCP).
+//
+// One UCP context and one worker per group (features TAG and WAKEUP, worker in serialized thread
+// mode), and one endpoint per peer created from the peer's worker address. Set-up costs each rank
+// one store write (its record: host name and worker address, under "<key_prefix>/<rank>") and one
+// batched multi_get of every rank's record, whatever the size of the group.
+//
+// Transports are UCX's own choice, by its own settings: UCX_TLS as the user sets it (default: UCX
+// picks shared memory between ranks of one host and TCP, or RDMA, between hosts); UCX_TLS=tcp
+// forces sockets. Before ucp_init the transport asks UCX for what weft needs unless the user set
+// it: peer error handling on the shared-memory transports (UCX_POSIX_ERROR_HANDLING and
+// UCX_SYSV_ERROR_HANDLING, off by default, which would leave such peers on TCP) and a keepalive
+// of WEFT_UCX_KEEPALIVE (default 1s; UCX's own default is 20 s), so that a dead peer on shared
+// memory is noticed in about a second.
+//
+// Matching. UCP matches a receive by a 64-bit tag alone (any sender), so a weft (peer, Tag) is
+// folded into one UCP tag: bit 63 the kind (collective or send/recv), bits 62..47 the sender's
+// rank, bits 46..0 the message: for a collective, 28 bits of its sequence number, the internal bit
+// and 18 bits of step (every step an algorithm numbers); for a send/recv, the user tag folded to
+// 47 bits (user tags that differ only above bit 46 and are in flight at once would match each
+// other: docs/ucx.md). UCP keeps messages of one sender with one tag in order, which is weft's
+// posting-order rule. Unexpected messages are UCX's to hold (eager data buffered, rendezvous
+// data left at the sender until its receive is posted).
+//
+// Receive-and-reduce receives into a staging buffer taken from a pool (allocated and touched once,
+// reused by later receives; UCX's registration cache keeps it registered), and reduces into the
+// destination when the message has landed.
+//
+// Failure. Endpoints use UCP_ERR_HANDLING_MODE_PEER: a dead peer (its sockets closed, or its
+// process gone as the keepalive finds) fails its endpoint; every pending and later request with
+// that peer then fails with Error(PeerLost) naming it and UCS's status string. abort() sends each
+// peer a short hang-up message (a reserved tag), so that a peer blocked on this rank learns at
+// once, as TCP's closed socket tells it, then closes the endpoints and fails every request with
+// Error(Aborted). A rank that gets a hang-up fails its requests with that peer at once and its
+// other requests a second later (unless they end first): the group is over. A deadline passed fails
+// the request with Error(Timeout) naming peer, tag and bytes; a timed-out send closes its endpoint
+// (UCX cannot take back a send in flight), so that the caller's buffer is free when wait() throws.
+//
+// Progress runs on the thread that waits (the backend's progress thread): ucp_worker_progress in a
+// loop for a short, bounded spin (WEFT_SPIN_US; none while the group's ranks on this host
+// outnumber its cores; then a few sched_yield() rounds instead), then asleep on the worker's event
+// fd (ucp_worker_arm, poll) beside an eventfd that abort() writes. The sleep is cut into slices of
+// at most 100 ms so that UCX's keepalive runs while nothing arrives.
+//
+// Thread safety: one thread posts and waits; abort() may be called from any thread. A mutex
+// serialises the worker between them (held by the waiting thread except while it sleeps).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "weft/error.h"
+#include "weft/store.h"
+
+#include "collectives/transport.h"
+
+// UCX's handles, as ucp.h declares them, so that this header does not need UCX's.
+typedef struct ucp_context* ucp_context_h;
+typedef struct ucp_worker* ucp_worker_h;
+typedef struct ucp_ep* ucp_ep_h;
+
+namespace weft::ucx {
+
+// The UCP tag of a weft message from `sender` with tag `tag` (see "Matching" above).
+uint64_t ucp_tag_of(collectives::Tag tag, int sender);
+// The most ranks a group over UCX may have: the sender's rank has 16 bits, all ones reserved.
+inline constexpr int kMaxRanks = 65535;
+
+class UcxTransport final : public collectives::Transport {
+ public:
+  struct Options {
+    std::string group_name = "world";
+    // Rank r's record is "<key_prefix>/<r>" in the group's store.
+    std::string key_prefix = "ucx";
+    // Bounds set-up (every rank's record must appear within it).
+    std::chrono::milliseconds timeout{300'000};
+  };
+
+  // Creates this rank's context, worker and endpoints (collective over the group's ranks).
+  // Throws Error(Io) naming UCS's status when UCX fails, Error(Timeout) naming the ranks whose
+  // record is missing, Error(InvalidArgument) for a bad rank, size or record.
+  static std::unique_ptr<UcxTransport> connect(Store& store, int rank, int size,
+                                               const Options& options);
+  ~UcxTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  collectives::Link link(int peer) const override {
+    return peer == rank_ ? collectives::Link::Self : collectives::Link::Ucx;
+  }
+
+  collectives::Request send(int peer, const void* data, size_t bytes,
+                            collectives::Tag tag) override;
+  collectives::Request recv(int peer, void* data, size_t bytes, collectives::Tag tag) override;
+  collectives::Request recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op,
+                                   collectives::Tag tag) override;
+  void wait(collectives::Request request, collectives::Clock::time_point deadline) override;
+  bool test(collectives::Request request) override;
+  void abort(const std::string& reason) override;
+
+  struct Op;  // one request (ucx_transport.cc)
+
+ private:
+  UcxTransport(int rank, int size, Options options);
+
+  // "rank 1/4 group "world" ucx recv: <detail>".
+  Error error(ErrorCode code, const char* op, const std::string& detail) const;
+  Op& post(int peer, int kind, collectives::Tag tag, size_t bytes);
+  Op& pending(collectives::Request request, const char* what);
+  // Calls ucp_worker_progress until it finds nothing; then handles what the callbacks noted
+  // (lost peers, hang-ups, finished requests). True when anything progressed.
+  bool progress();
+  void handle_news();
+  // Fails every request with `peer` with Error(PeerLost), once.
+  void lose_peer(int peer, const std::string& why);
+  // On the worker's owner (mutex held): hangs up and fails everything, once after abort().
+  void handle_abort();
+  // Closes `peer`'s endpoint (force) and waits, bounded, for UCX to let go of its requests.
+  void close_endpoint(int peer, bool force);
+  // Waits (progressing) until `done` or `bound` has passed.
+  template <class Done>
+  void progress_until(Done&& done, std::chrono::milliseconds bound);
+  // The request has its result: forgets it (once UCX has let go) and throws its error.
+  void finish(Op& op);
+  void post_hangup_receive();
+  void sleep_until(collectives::Clock::time_point until);
+
+  const int rank_;
+  const int size_;
+  const Options options_;
+  std::string names_[3];  // "ucx send", "ucx recv", "ucx recv_reduce"
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int worker_fd_ = -1;  // ucp_worker_get_efd's: UCX owns it
+  int abort_fd_ = -1;   // an eventfd abort() writes to wake a sleeping wait()
+  std::vector<ucp_ep_h> endpoints_;
+  std::vector<std::string> lost_;  // by peer: why it is lost; "" while alive
+  // What each endpoint's error handler gets: (this, peer).
+  std::vector<std::unique_ptr<std::pair<UcxTransport*, int>>> handler_args_;
+  bool in_news_ = false;
+  bool closing_ = false;
+  // After a peer hung up: when requests with other peers are abandoned, and why.
+  std::optional<collectives::Clock::time_point> hangup_grace_end_;
+  int hangup_peer_ = -1;
+  std::string hangup_why_;
+  void abandon_after_hangup();  // the destructor runs: the hang-up receive is not posted again
+  std::chrono::nanoseconds spin_budget_{0};
+  int yield_rounds_ = 0;  // sched_yield() rounds before sleeping, when ranks outnumber cores
+
+  std::mutex mutex_;  // serialises everything below between the owner and abort()
+  std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;
+  uint64_t next_id_ = 1;
+  // The staging pool of recv_reduce: buffers of a power-of-two size, allocated and touched once.
+  struct Staging {
+    size_t capacity = 0;
+    std::unique_ptr<uint8_t[]> data;
+  };
+  Staging take_staging(size_t bytes);
+  std::vector<Staging> staging_free_;
+  // What UCX's callbacks noted for handle_news().
+  std::vector<std::pair<int, std::string>> lost_news_;
+  std::vector<uint64_t> released_;  // requests UCX let go of after their wait() returned
+  // The hang-up receive: a peer's rank and reason land here.
+  struct Hangup;
+  std::unique_ptr<Hangup> hangup_;
+
+  std::atomic<bool> aborted_{false};
+  bool abort_handled_ = false;  // under mutex_
+  std::mutex reason_mutex_;
+  std::string abort_reason_;  // guarded by reason_mutex_; set before aborted_
+
+ public:
+  // For UCX's C callbacks (ucx_transport.cc) only.
+  void note_lost(int peer, const std::string& why) { lost_news_.emplace_back(peer, why); }
+  void note_released(uint64_t id) { released_.push_back(id); }
+  void note_hangup();
+};
+
+}  // namespace weft::ucx

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# libweft never links UCX: neither as a dependency (ldd) nor by a UCX symbol it defines or needs
+# (nm -D). The UCX module does link it, which shows that the checks see UCX where it is.
+# Usage: ucx_link_test.sh LIBWEFT.so libweft-backend-ucx.so
+set -uo pipefail
+libweft=$1
+module=$2
+fail=0
+ucx_libs='lib(ucp|uct|ucs|ucm)\.so'
+ucx_symbols='^(ucp|uct|ucs|ucm)_'
+
+if ldd "$libweft" | grep -E "$ucx_libs"; then
+  echo "FAIL: $libweft depends on UCX (ldd above)"
+  fail=1
+fi
+if nm -D "$libweft" | awk '{print $NF}' | grep -E "$ucx_symbols"; then
+  echo "FAIL: $libweft defines or needs UCX symbols (nm -D above)"
+  fail=1
+fi
+if ! ldd "$module" | grep -qE "$ucx_libs"; then
+  echo "FAIL: $module does not depend on UCX: the ldd check above cannot be trusted"
+  ldd "$module"
+  fail=1
+fi
+if ! nm -D --undefined-only "$module" | awk '{print $NF}' | grep -qE "$ucx_symbols"; then
+  echo "FAIL: $module needs no UCX symbol: the nm check above cannot be trusted"
+  fail=1
+fi
+if ! ldd "$module" | grep -q "libweft.so"; then
+  echo "FAIL: $module does not link libweft (it should use libweft's classes, not copies)"
+  fail=1
+fi
+[ $fail = 0 ] && echo "ok: $(basename "$libweft") links no UCX; $(basename "$module") does"
+exit $fail
