@@ -149,6 +149,9 @@ def borrow(obj, name, writable, dtype=None):
         raise BufferArgumentError(f"{name} is None")
     if _is_torch_tensor(obj):
         return _borrow_tensor(obj, name, dtype)
+    fast = _borrow_writable(obj, name, writable, dtype)
+    if fast is not None:
+        return fast
     view = _PyBuffer()
     flags = _PyBUF_FORMAT | _PyBUF_C_CONTIGUOUS | (_PyBUF_WRITABLE if writable else 0)
     try:
@@ -184,6 +187,38 @@ def borrow(obj, name, writable, dtype=None):
             f"{name} holds {nbytes} bytes, not a whole number of {dtype.name.lower()} elements"
         )
     return Borrowed(view.buf or 0, nbytes // size, dtype, nbytes, view=view)
+
+
+_format_cache = {}
+
+
+def _borrow_writable(obj, name, writable, dtype):
+    """The fast path, for writable C-contiguous buffers (most numpy arrays, bytearray): a
+    memoryview and ctypes.c_char.from_buffer, which holds an export of the buffer for as long as
+    the Borrowed lives. None when it does not apply (read-only, or not a buffer: the general path
+    says why)."""
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        return None
+    if mv.readonly or not mv.c_contiguous or mv.nbytes == 0:
+        return None
+    if dtype is None:
+        key = (mv.format, mv.itemsize)
+        dtype = _format_cache.get(key)
+        if dtype is None:
+            dtype = _dtype_of_format(*key)
+            if dtype is None:
+                return None  # the general path names the format
+            _format_cache[key] = dtype
+    else:
+        dtype = DType(dtype)
+    size = DTYPE_SIZE[dtype]
+    nbytes = mv.nbytes
+    if nbytes % size:
+        return None
+    anchor = ctypes.c_char.from_buffer(mv)
+    return Borrowed(ctypes.addressof(anchor), nbytes // size, dtype, nbytes, obj=anchor)
 
 
 def _borrow_tensor(t, name, dtype):

@@ -8,7 +8,8 @@ work as with gloo. Each process group is a weft group: its rank 0 hosts a weft s
 port on its host and publishes the address through the torch store the group was created with,
 and the members meet there (weft.init("tcp://HOST:PORT")). Collectives return dist._Work objects
 whose futures complete when weft's work does (a thread per group waits on weft, with the GIL
-released, and completes them in issue order), so DDP's communication hooks and overlap work.
+released, and completes the works in issue order), so DDP's communication hooks and overlap
+work.
 
 Run with PyTorch's Python (2.x, checked with 2.6); docs/python.md says what differs from gloo.
 """
@@ -87,26 +88,32 @@ class WeftWork(dist._Work):
         self._future = torch.futures.Future()
         self._lock = threading.Lock()
         self._finished = False
+        self._settled = False
         self._error = None
 
     def _complete(self):
         with self._lock:
-            if self._finished:
-                return
-            try:
-                for w in self._works:
-                    w.wait()
-                if self._after is not None:
-                    self._after()
-            except Exception as e:  # a weft.Error, or a failed copy
-                self._error = e
-            self._finished = True
-            self._works = ()
-            self._after = None
-            if self._error is None:
-                self._future.set_result(self._result)
-            else:
-                self._future.set_exception(self._error)
+            if not self._finished:
+                try:
+                    for w in self._works:
+                        w.wait()
+                    if self._after is not None:
+                        self._after()
+                except Exception as e:  # a weft.Error, or a failed copy
+                    self._error = e
+                self._finished = True
+                self._works = ()
+                self._after = None
+            settle = not self._settled
+            self._settled = self._settled or settle
+        if settle:  # outside the lock: the future's callbacks may use this work
+            self._settle()
+
+    def _settle(self):
+        if self._error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(self._error)
 
     def wait(self, timeout=None):
         seconds = _timeout_seconds(timeout)
@@ -212,6 +219,9 @@ class ProcessGroupWeft(dist.ProcessGroup):
             work._complete()
 
     def _submit(self, works, result, after=None):
+        # Every work goes to the completion thread, which settles its future even if nobody
+        # waits: c10d's C++ side (DDP's reducer, _verify_params_across_processes) waits on the
+        # future, not always through wait(). A future made only on request hung DDP's start.
         work = WeftWork(works, result, after)
         self._pending.put(work)
         return work

@@ -2,6 +2,7 @@
 each rank under weftrun, checked element by element against references computed here from every
 rank's inputs; DDP over weft against DDP over gloo in the same job (same losses). Skipped (exit 77)
 where PyTorch is absent (CI); run by hand in the pytorch-peer chroot (docs/python.md)."""
+import faulthandler
 import os
 import sys
 
@@ -16,6 +17,7 @@ import weft
 import weft.torch  # registers the backend "weft"
 
 torch.set_num_threads(1)
+faulthandler.dump_traceback_later(240, exit=True)  # a hang prints every thread's stack and fails
 if os.environ.get("USE_LIBUV") == "0":
     # A PyTorch built without libuv (Debian's) cannot make env://'s agent-store client: give
     # init_process_group a store made here, on the store weftrun hosts.
