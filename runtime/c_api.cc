@@ -458,6 +458,61 @@ weft_result_t weft_all_to_all(weft_group_t* group, const void* sendbuf, void* re
   });
 }
 
+weft_result_t weft_gather(weft_group_t* group, const void* sendbuf, void* recvbuf, size_t sendcount,
+                          weft_dtype_t dtype, int32_t root, weft_work_t** work) {
+  return weft::issue("weft_gather", group, work, [&](ProcessGroup& pg) {
+    CallCheck check(pg, "gather_into_tensor");
+    const DType type = check.dtype(dtype);
+    const size_t total = check.per_rank(sendcount, "sendcount");
+    check.buffer(sendbuf, sendcount, type, "sendbuf");
+    if (root == pg.rank()) check.buffer(recvbuf, total, type, "recvbuf");
+    return pg.gather_into_tensor(weft::view(recvbuf, root == pg.rank() ? total : 0, type),
+                                 weft::view(sendbuf, sendcount, type), root);
+  });
+}
+
+weft_result_t weft_scatter(weft_group_t* group, const void* sendbuf, void* recvbuf,
+                           size_t recvcount, weft_dtype_t dtype, int32_t root, weft_work_t** work) {
+  return weft::issue("weft_scatter", group, work, [&](ProcessGroup& pg) {
+    CallCheck check(pg, "scatter_from_tensor");
+    const DType type = check.dtype(dtype);
+    const size_t total = check.per_rank(recvcount, "recvcount");
+    check.buffer(recvbuf, recvcount, type, "recvbuf");
+    if (root == pg.rank()) check.buffer(sendbuf, total, type, "sendbuf");
+    return pg.scatter_from_tensor(weft::view(recvbuf, recvcount, type),
+                                  weft::view(sendbuf, root == pg.rank() ? total : 0, type), root);
+  });
+}
+
+weft_result_t weft_all_to_all_v(weft_group_t* group, const void* sendbuf, const size_t* send_counts,
+                                void* recvbuf, const size_t* recv_counts, weft_dtype_t dtype,
+                                weft_work_t** work) {
+  return weft::issue("weft_all_to_all_v", group, work, [&](ProcessGroup& pg) {
+    CallCheck check(pg, "all_to_all");
+    const DType type = check.dtype(dtype);
+    if (send_counts == nullptr) check.fail("send_counts is NULL");
+    if (recv_counts == nullptr) check.fail("recv_counts is NULL");
+    const size_t ranks = static_cast<size_t>(pg.size());
+    std::vector<size_t> input_splits(send_counts, send_counts + ranks);
+    std::vector<size_t> output_splits(recv_counts, recv_counts + ranks);
+    auto total = [&](const std::vector<size_t>& counts, const char* name) {
+      size_t sum = 0;
+      for (size_t c : counts) {
+        if (c > SIZE_MAX - sum) check.fail(fmt::format("the sum of {} overflows size_t", name));
+        sum += c;
+      }
+      return sum;
+    };
+    const size_t send_total = total(input_splits, "send_counts");
+    const size_t recv_total = total(output_splits, "recv_counts");
+    check.buffer(sendbuf, send_total, type, "sendbuf");
+    check.buffer(recvbuf, recv_total, type, "recvbuf");
+    return pg.all_to_all(weft::view(recvbuf, recv_total, type),
+                         weft::view(sendbuf, send_total, type), std::move(output_splits),
+                         std::move(input_splits));
+  });
+}
+
 weft_result_t weft_barrier(weft_group_t* group, weft_work_t** work) {
   return weft::issue("weft_barrier", group, work, [](ProcessGroup& pg) { return pg.barrier(); });
 }

@@ -211,6 +211,26 @@ weft_result_t weft_reduce_scatter_premul(weft_group_t* group, const void* sendbu
 weft_result_t weft_all_to_all(weft_group_t* group, const void* sendbuf, void* recvbuf, size_t count,
                               weft_dtype_t dtype, weft_work_t** work);
 
+/* Gathers every rank's `sendcount` elements into root's recvbuf, rank-major: recvbuf holds
+ * size * sendcount elements, rank r's block at r * sendcount. recvbuf is ignored on other ranks
+ * (it may be NULL there). Added in 0.1 for torch.distributed's gather (python/weft). */
+weft_result_t weft_gather(weft_group_t* group, const void* sendbuf, void* recvbuf, size_t sendcount,
+                          weft_dtype_t dtype, int32_t root, weft_work_t** work);
+
+/* Scatters root's sendbuf (size * recvcount elements, rank-major; ignored on other ranks, where
+ * it may be NULL): rank r's recvbuf receives block r (recvcount elements). */
+weft_result_t weft_scatter(weft_group_t* group, const void* sendbuf, void* recvbuf,
+                           size_t recvcount, weft_dtype_t dtype, int32_t root, weft_work_t** work);
+
+/* All-to-all with a count per rank (torch.distributed.all_to_all_single's splits): sendbuf holds
+ * sum(send_counts) elements, its j-th block (send_counts[j] elements, in rank order) goes to rank
+ * j; recvbuf holds sum(recv_counts), its j-th block comes from rank j. Both arrays hold size
+ * counts and are read during the call only. Rank r's send_counts[j] must equal rank j's
+ * recv_counts[r]. The buffers must not overlap. */
+weft_result_t weft_all_to_all_v(weft_group_t* group, const void* sendbuf, const size_t* send_counts,
+                                void* recvbuf, const size_t* recv_counts, weft_dtype_t dtype,
+                                weft_work_t** work);
+
 /* Completes when every rank of the group has entered it. */
 weft_result_t weft_barrier(weft_group_t* group, weft_work_t** work);
 

@@ -270,6 +270,70 @@ TEST_CASE("every collective moves the C arguments where the C++ API expects them
   });
 }
 
+TEST_CASE("weft_gather, weft_scatter and weft_all_to_all_v move their blocks; bad ones are named",
+          "[c_api][multiproc]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(3, [&](int r) {
+    weft_group_t* g = join(port, r, 3);
+    const std::string where = fmt::format("rank {}/3 group \"world\"", r);
+    constexpr int n = 4;
+    // gather to root 2 (recvbuf NULL elsewhere), asynchronously.
+    int32_t mine[n], gathered[3 * n];
+    for (int i = 0; i < n; ++i) mine[i] = r * 100 + i;
+    for (int k = 0; k < 3 * n; ++k) gathered[k] = -1;
+    weft_work_t* work = nullptr;
+    EXPECT_OK(weft_gather(g, mine, r == 2 ? gathered : nullptr, n, WEFT_INT32, 2, &work));
+    EXPECT_OK(weft_work_wait(work, -1));
+    EXPECT_OK(weft_work_free(work));
+    // scatter from root 0 (sendbuf NULL elsewhere).
+    double all[3 * n], block[n];
+    for (int k = 0; k < 3 * n; ++k) all[k] = r == 0 ? 0.5 * k : -1.0;
+    EXPECT_OK(weft_scatter(g, r == 0 ? all : nullptr, block, n, WEFT_FLOAT64, 0, nullptr));
+    // all_to_all_v: rank r sends j + r + 1 elements to rank j, each r * 1000 + j * 10 + i.
+    size_t send_counts[3], recv_counts[3];
+    std::vector<int64_t> send, recv;
+    for (int j = 0; j < 3; ++j) {
+      send_counts[j] = static_cast<size_t>(j + r + 1);
+      recv_counts[j] = static_cast<size_t>(r + j + 1);
+      for (int i = 0; i < j + r + 1; ++i) send.push_back(r * 1000 + j * 10 + i);
+    }
+    recv.assign(send.size(), -1);  // sum over j of (r + j + 1) == the same sum
+    EXPECT_OK(weft_all_to_all_v(g, send.data(), send_counts, recv.data(), recv_counts, WEFT_INT64,
+                                nullptr));
+
+    for (int k = 0; k < 3 * n; ++k) {
+      const int32_t expected = r == 2 ? k / n * 100 + k % n : -1;
+      RANK_CHECK(gathered[k] == expected, "gather [{}] = {}", k, gathered[k]);
+    }
+    for (int i = 0; i < n; ++i) {
+      RANK_CHECK(block[i] == 0.5 * (r * n + i), "scatter [{}] = {}", i, block[i]);
+    }
+    size_t at = 0;
+    for (int j = 0; j < 3; ++j) {
+      for (int i = 0; i < r + j + 1; ++i, ++at) {
+        RANK_CHECK(recv[at] == j * 1000 + r * 10 + i, "all_to_all_v [{}] = {}", at, recv[at]);
+      }
+    }
+
+    // Refusals name the argument; none is issued.
+    EXPECT_RESULT(weft_gather(g, mine, nullptr, n, WEFT_INT32, r, nullptr),
+                  WEFT_ERR_INVALID_ARGUMENT, where + " gather_into_tensor #4: InvalidArgument",
+                  "recvbuf is NULL but count is 12");
+    EXPECT_RESULT(weft_scatter(g, all, block, n, WEFT_FLOAT64, 3, nullptr),
+                  WEFT_ERR_INVALID_ARGUMENT, "root 3 is out of range for a group of 3 ranks");
+    EXPECT_RESULT(
+        weft_all_to_all_v(g, send.data(), nullptr, recv.data(), recv_counts, WEFT_INT64, nullptr),
+        WEFT_ERR_INVALID_ARGUMENT, where + " all_to_all #4: InvalidArgument",
+        "send_counts is NULL");
+    size_t huge[3] = {SIZE_MAX, 1, 0};
+    EXPECT_RESULT(
+        weft_all_to_all_v(g, send.data(), huge, recv.data(), recv_counts, WEFT_INT64, nullptr),
+        WEFT_ERR_INVALID_ARGUMENT, "the sum of send_counts overflows size_t");
+    EXPECT_OK(weft_barrier(g, nullptr));
+    leave(g);
+  });
+}
+
 TEST_CASE("a pending work tests not done and times out a short wait; a freed one still runs",
           "[c_api][multiproc]") {
   const uint16_t port = test::free_port();

@@ -1,0 +1,59 @@
+"""weft from Python: process groups and collectives over libweft's C API (ctypes).
+
+    import numpy as np, weft
+    world = weft.init()                      # under weftrun / torchrun / srun / mpirun
+    x = np.arange(4, dtype=np.float32)
+    world.all_reduce(x)                      # in place, sum
+    work = world.all_reduce(x, weft.AVG, async_op=True)
+    work.wait()
+
+docs/python.md has the whole API; `import weft.torch` registers the torch.distributed backend
+"weft".
+"""
+
+from ._buffers import DType
+from ._capi import library_path
+from .errors import (
+    Aborted,
+    Desync,
+    Error,
+    InternalError,
+    InvalidArgument,
+    IoError,
+    PeerLost,
+    ProtocolError,
+    Timeout,
+    Unsupported,
+)
+from .group import Group, ReduceOp, Work, init
+from . import _capi
+
+__version__ = _capi.lib.weft_version().decode()
+
+SUM = ReduceOp.SUM
+PROD = ReduceOp.PROD
+MIN = ReduceOp.MIN
+MAX = ReduceOp.MAX
+AVG = ReduceOp.AVG
+PREMUL_SUM = ReduceOp.PREMUL_SUM
+BAND = ReduceOp.BAND
+BOR = ReduceOp.BOR
+BXOR = ReduceOp.BXOR
+
+float32 = DType.FLOAT32
+float64 = DType.FLOAT64
+float16 = DType.FLOAT16
+bfloat16 = DType.BFLOAT16
+int8 = DType.INT8
+uint8 = DType.UINT8
+int32 = DType.INT32
+int64 = DType.INT64
+bool_ = DType.BOOL
+
+__all__ = [
+    "init", "Group", "Work", "ReduceOp", "DType", "library_path",
+    "Error", "Timeout", "PeerLost", "InvalidArgument", "Unsupported", "Aborted", "Desync",
+    "ProtocolError", "IoError", "InternalError",
+    "SUM", "PROD", "MIN", "MAX", "AVG", "PREMUL_SUM", "BAND", "BOR", "BXOR",
+    "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool_",
+]
