@@ -109,6 +109,12 @@ LaunchInfo plan(const StoreUrl& url, const RendezvousOptions& options, const std
       info.master_port = tcp.port;
     }
     info.agent_store = agent_store_requested(process_env);
+    if (info.agent_store && url.scheme == StoreUrl::Scheme::Tcp) {
+      // The launcher hosts one store, at MASTER_PORT: a tcp:// URL naming another port is a
+      // store of the program's own (a second world, a test's), hosted by its rank 0.
+      const char* port = process_env("MASTER_PORT");
+      if (port != nullptr && std::to_string(info.master_port) != port) info.agent_store = false;
+    }
     info.job = launcher_job_id(process_env);
   }
   check_rank(info, where);

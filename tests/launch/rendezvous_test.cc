@@ -297,6 +297,26 @@ TEST_CASE("under torchrun's agent store every rank, rank 0 included, connects as
   }
 }
 
+TEST_CASE("under a launcher, a tcp:// store at another port than MASTER_PORT is hosted by rank 0",
+          "[launch][rendezvous][multiproc]") {
+  // The launcher's agent hosts MASTER_PORT only; a second world at a port of the program's own
+  // (the conformance suite's, weft.torch's) must be hosted by its rank 0, not waited for.
+  AgentProcess agent;
+  const uint16_t own_port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    clear_launcher_env();
+    set_env("MASTER_ADDR", "127.0.0.1");
+    set_env("MASTER_PORT", std::to_string(agent.port()));
+    set_env("TORCHELASTIC_USE_AGENT_STORE", "True");
+    Rendezvous rdzv = rendezvous(
+        {.url = fmt::format("tcp://127.0.0.1:{}?rank={}&world_size=2", own_port, rank),
+         .timeout = seconds(20)});
+    RANK_CHECK((rdzv.server != nullptr) == (rank == 0), "rank {}: server {}", rank,
+               rdzv.server != nullptr);
+    exchange(rdzv);
+  });
+}
+
 TEST_CASE("a rendezvous missing a rank times out naming how many arrived and which are missing",
           "[launch][rendezvous][multiproc]") {
   // The store outlives the ranks so that each can still inspect it when its wait times out.
