@@ -396,6 +396,23 @@ TEST_CASE("weftrun on node 1 sets the multi-node variables and does not host the
   close(holder);
 }
 
+TEST_CASE("a bad WEFT_* value is reported as a configuration error, not as the store's port",
+          "[launch][weftrun]") {
+  // The store server reads WEFT_* too: its failure used to read "cannot host the store ... pass
+  // --master-port", which sends the user after the wrong thing.
+  setenv("WEFT_TIMEOUT", "soon", 1);
+  Weftrun run({"--standalone", "/bin/true"});
+  unsetenv("WEFT_TIMEOUT");
+  CHECK(run.finish() == 2);
+  INFO(run.output());
+  CHECK_THAT(run.output(),
+             Catch::StartsWith("weftrun: configuration: InvalidArgument: WEFT_TIMEOUT=\"soon\" is "
+                               "not a duration"));
+  CHECK_THAT(run.output(), Catch::Contains("fix or unset it"));
+  CHECK_THAT(run.output(), !Catch::Contains("cannot host the store"));
+  CHECK_THAT(run.output(), !Catch::Contains("--master-port"));
+}
+
 TEST_CASE("weftrun refuses bad flags with a message and exit code 2", "[launch][weftrun]") {
   struct Case {
     std::vector<std::string> args;
