@@ -22,7 +22,8 @@ CASE is one of:
            output reads with benchmarks/nccl_log.py and nccl-tests' exact line format; also under
            weftrun (no rank prefix), with -g 2 (two ranks started here), long forms --flag=value,
            ignored flags (-G) noted, -c N, --csv, the other links (alltoall_perf, hypercube_perf),
-           and a usage error printed once for three ranks.
+           ranks that disagree about the dtype failing with Desync (not #wrong), and a usage
+           error printed once for three ranks.
 Exit 0 on success, 1 on failure, 77 (meson's "skipped") when jsonschema is missing.
 """
 import csv
@@ -316,6 +317,18 @@ def case_nccl(weftrun, link, _schema):
               f"hypercube bandwidth {m.group(0)}")
     proc = run(weftrun, os.path.join(links, "hypercube_perf"), 3, ["-b", "1K", "-e", "1K"])
     check("# nRanks 3 is not a power of 2, skipping" in proc.stdout, proc.stdout)
+
+    # Ranks that disagree about the dtype at one byte size (float against int32): a Desync that
+    # says what to do, never #wrong counts of garbage (the call fingerprint in every tag).
+    cmd = [weftrun, "--nproc-per-node", "2", "--standalone", "/bin/sh", "-c",
+           'if [ "$RANK" = 0 ]; then t=float; else t=int32; fi; '
+           f'exec "{link}" -b 1K -e 1K -n 1 -w 0 -d $t']
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    check(proc.returncode == 1, f"dtype disagreement exited {proc.returncode}:\n{out}")
+    check(nccl_log.parse(proc.stdout) == [], f"a result line from mismatched ranks:\n{out}")
+    check("Desync: " in out and "called this collective with different arguments" in out and
+          "rerun with WEFT_DEBUG=detail" in out, f"no Desync that says what to do:\n{out}")
 
     # A usage error, once for the job, not once per rank.
     proc = run(weftrun, link, 3, ["-b", "lots"], expect_ok=False)
