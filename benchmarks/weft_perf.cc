@@ -2,23 +2,32 @@
 //
 //   weftrun --nproc-per-node 4 --standalone weft-perf all_reduce -b 8 -e 128M -f 2
 //   mpirun -n 4 weft-perf all -b 1K -e 1M -f 4 -c 1 -J results.json
+//   all_reduce_perf -b 8 -e 128M -f 2 -g 4        # nccl-tests' command line, through the link
 //
-// The first argument names the collective (or `all`); then nccl-tests' flags with their meaning
-// (docs/weft-perf.md lists them, and where weft-perf departs). Rank 0 prints nccl-tests' layout:
-// header, one line per size with out-of-place and in-place time, algbw, busbw and #wrong, and
-// the footer, so a parser written for nccl-tests reads it unchanged. GB/s = 1e9 B/s; busbw =
-// algbw x the op's factor, as nccl-tests: all_reduce 2(n-1)/n; all_gather, reduce_scatter,
-// all_to_all, gather, scatter (n-1)/n on the full array; broadcast, reduce, sendrecv 1.
+// The first argument names the collective (or `all`), unless weft-perf runs as one of
+// nccl-tests' binary names (all_reduce_perf, ...: links installed with it); then nccl-tests'
+// flags with their meaning (docs/weft-perf.md lists them, and where weft-perf departs). Rank 0
+// prints nccl-tests' layout: header, one line per size with out-of-place and in-place time, algbw,
+// busbw and #wrong, and the footer, so a parser written for nccl-tests reads it unchanged. GB/s =
+// 1e9 B/s; busbw = algbw x the op's factor, as nccl-tests: all_reduce 2(n-1)/n; all_gather,
+// reduce_scatter, all_to_all, gather, scatter (n-1)/n on the full array; broadcast, reduce,
+// sendrecv 1.
 //
 // Uses only weft's public API (include/weft), as any embedding program would.
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -47,6 +56,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::vector<std::string> collectives;
+  std::string program;  // the name nccl-tests' header prints: the link's ("all_reduce_perf"), or ""
   size_t min_bytes = 32 << 20;  // nccl-tests' defaults
   size_t max_bytes = 32 << 20;
   size_t step_factor = 1;
@@ -58,19 +68,37 @@ struct Options {
   std::vector<ReduceOp> ops = {ReduceOp::Sum};
   bool all_roots = false;
   int root = 0;
-  int check = 1;
+  int check = 1;   // -c N: up to N check iterations per result, each on fresh inputs
+  int cycles = 1;  // -N: sweeps of the sizes (0: until stopped)
   int blocking = 0;
   int average = 1;  // 0 rank 0, 1 average, 2 min, 3 max
   int timeout_s = 0;
+  int nthreads = 1;  // -t, -g: ranks weft-perf starts itself when no launcher started it
+  int ngpus = 1;
   std::string json_path;
+  std::string csv_path;
   std::string backend;
-  bool corrupt = false;  // test hook: flip one element before checking
+  bool corrupt = false;            // test hook: flip one element before checking
+  std::vector<std::string> notes;  // "# ..." lines rank 0 prints first (flags accepted, ignored)
   std::vector<std::string> args;
 };
 
 const std::vector<std::string> kCollectives = {
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
     "all_to_all", "gather",     "scatter",        "sendrecv",  "barrier"};
+
+// nccl-tests' binaries, installed as links to weft-perf (benchmarks/meson.build): the name it is
+// run as picks the collective, and the rest of the command line is nccl-tests'.
+const std::map<std::string, std::string> kPerfPrograms = {{"all_reduce_perf", "all_reduce"},
+                                                          {"all_gather_perf", "all_gather"},
+                                                          {"reduce_scatter_perf", "reduce_scatter"},
+                                                          {"broadcast_perf", "broadcast"},
+                                                          {"reduce_perf", "reduce"},
+                                                          {"alltoall_perf", "all_to_all"},
+                                                          {"sendrecv_perf", "sendrecv"},
+                                                          {"gather_perf", "gather"},
+                                                          {"scatter_perf", "scatter"},
+                                                          {"hypercube_perf", "hypercube"}};
 
 // nccl-tests' spellings, which its log parsers expect in the type and redop columns.
 std::string type_label(DType t) {
@@ -90,17 +118,42 @@ std::string op_label(ReduceOp op) {
   return op.kind == ReduceOp::PremulSum ? "mulsum" : std::string(reduce_op_name(op));
 }
 
+// This process's rank as its launcher numbered it, or -1 when no launcher variable is set
+// (weft-perf then starts the ranks itself, as nccl-tests' -g does).
+int launcher_rank() {
+  for (const char* name : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return std::atoi(v);
+  }
+  return -1;
+}
+
+std::string usage_text(const std::string& name) {
+  const bool link = kPerfPrograms.count(name) > 0;
+  return fmt::format(
+      "usage: {} {}[-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
+      "       [-m AGG] [-d TYPE|all] [-o OP|all] [-r ROOT|all] [-c CHECKS] [-z 0..3] [-a 0..3]\n"
+      "       [-N CYCLES] [-T SECONDS] [-J FILE.json] [--csv FILE.csv] [-g N] [-t N]\n"
+      "       [--backend NAME]\n"
+      "nccl-tests' flags, also as --long_name VALUE or --long_name=VALUE (docs/weft-perf.md);\n"
+      "-G, -C, -S, -p, -y, -R, -x, -D, -V, -M, -u, -I, -K are accepted and ignored with a note.\n"
+      "{}"
+      "Launch under weftrun, mpirun or srun; without a launcher, -g N x -t M ranks are started\n"
+      "here (one process each).\n",
+      name, link ? "" : "COLLECTIVE|all ",
+      link ? ""
+           : "collectives: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
+             "             gather scatter sendrecv barrier hypercube, or all; or run it as\n"
+             "             all_reduce_perf, alltoall_perf, ... (nccl-tests' names)\n");
+}
+
+// A usage error ends every rank with status 2, but only one rank says why: rank 0 of a launched
+// job (or a process no launcher started), so that the message is not repeated once per rank.
+std::string g_program = "weft-perf";
+
 [[noreturn]] void usage_error(const std::string& why) {
-  fmt::print(stderr,
-             "weft-perf: {}\n"
-             "usage: weft-perf COLLECTIVE|all [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS]\n"
-             "                 [-w WARMUP] [-m AGG] [-d TYPE|all] [-o OP|all] [-r ROOT|all]\n"
-             "                 [-c 0|1] [-z 0|1] [-a 0|1|2|3] [-T SECONDS] [-J FILE.json]\n"
-             "                 [--backend NAME]\n"
-             "collectives: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
-             "             gather scatter sendrecv barrier all\n"
-             "(launch under weftrun, mpirun or srun; docs/weft-perf.md)\n",
-             why);
+  if (launcher_rank() <= 0) {
+    fmt::print(stderr, "{}: {}\n{}", g_program, why, usage_text(g_program));
+  }
   std::exit(2);
 }
 
@@ -157,33 +210,110 @@ std::vector<ReduceOp> parse_ops(const std::string& text) {
   return {*op};
 }
 
+// nccl-tests' long options, by their short letter (its getopt_long table).
+const std::map<std::string, std::string> kLongNames = {{"--nthreads", "-t"},
+                                                       {"--ngpus", "-g"},
+                                                       {"--minbytes", "-b"},
+                                                       {"--maxbytes", "-e"},
+                                                       {"--stepbytes", "-i"},
+                                                       {"--stepfactor", "-f"},
+                                                       {"--iters", "-n"},
+                                                       {"--agg_iters", "-m"},
+                                                       {"--warmup_iters", "-w"},
+                                                       {"--run_cycles", "-N"},
+                                                       {"--parallel_init", "-p"},
+                                                       {"--check", "-c"},
+                                                       {"--op", "-o"},
+                                                       {"--datatype", "-d"},
+                                                       {"--root", "-r"},
+                                                       {"--blocking", "-z"},
+                                                       {"--stream_null", "-y"},
+                                                       {"--timeout", "-T"},
+                                                       {"--cudagraph", "-G"},
+                                                       {"--report_cputime", "-C"},
+                                                       {"--report_timestamps", "-S"},
+                                                       {"--output_file", "-J"},
+                                                       {"--average", "-a"},
+                                                       {"--local_register", "-R"},
+                                                       {"--cta_policy", "-x"},
+                                                       {"--device_implementation", "-D"},
+                                                       {"--device_cta_count", "-V"},
+                                                       {"--memory", "-M"},
+                                                       {"--unalign", "-u"},
+                                                       {"--per_iter_timing", "-I"},
+                                                       {"--per_iter_skip", "-K"},
+                                                       {"--help", "-h"}};
+
+// nccl-tests' flags that mean nothing for weft on the CPU: accepted with their value and noted.
+const std::map<std::string, std::string> kIgnored = {
+    {"-G", "CUDA graph launches: weft's collectives run on the CPU, without graphs"},
+    {"-C", "report CPU time: weft-perf's times are the CPU's wall clock already"},
+    {"-S", "timestamps are not printed"},
+    {"-p", "parallel init: ranks always initialise in parallel, one process each"},
+    {"-y", "stream_null: weft has no CUDA streams"},
+    {"-R", "buffer registration: weft's cpu backends register nothing"},
+    {"-x", "CTA policy: no CUDA kernels run"},
+    {"-D", "device implementation: no CUDA kernels run"},
+    {"-V", "device CTA count: no CUDA kernels run"},
+    {"-M", "memory report: not measured"},
+    {"-u", "unaligned buffers: buffers are always aligned"},
+    {"-I", "per-iteration timing: not measured"},
+    {"-K", "per-iteration skip: not measured"}};
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 0; i < argc; ++i) o.args.push_back(argv[i]);
-  if (argc < 2 || argv[1][0] == '-') usage_error("name the collective first");
-  std::string what = argv[1];
-  if (what == "all") {
-    o.collectives = kCollectives;
-  } else if (std::find(kCollectives.begin(), kCollectives.end(), what) != kCollectives.end()) {
-    o.collectives = {what};
+  std::string name = argc > 0 ? argv[0] : "weft-perf";
+  if (size_t slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
+  g_program = name;
+  int first = 1;
+  if (auto it = kPerfPrograms.find(name); it != kPerfPrograms.end()) {
+    o.collectives = {it->second};
+    o.program = name;
+  } else if (argc >= 2 &&
+             (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    if (launcher_rank() <= 0) fmt::print("{}", usage_text(name));
+    std::exit(0);
   } else {
-    usage_error("unknown collective: " + what);
+    if (argc < 2 || argv[1][0] == '-') usage_error("name the collective first");
+    std::string what = argv[1] == std::string("alltoall") ? "all_to_all" : argv[1];
+    if (what == "all") {
+      o.collectives = kCollectives;
+    } else if (std::find(kCollectives.begin(), kCollectives.end(), what) != kCollectives.end() ||
+               what == "hypercube") {
+      o.collectives = {what};
+    } else {
+      usage_error("unknown collective: " + what);
+    }
+    first = 2;
   }
-  // Long forms as nccl-tests spells them.
-  const std::map<std::string, std::string> long_names = {
-      {"--minbytes", "-b"}, {"--maxbytes", "-e"},     {"--stepfactor", "-f"}, {"--stepbytes", "-i"},
-      {"--iters", "-n"},    {"--warmup_iters", "-w"}, {"--agg_iters", "-m"},  {"--datatype", "-d"},
-      {"--op", "-o"},       {"--root", "-r"},         {"--check", "-c"},      {"--blocking", "-z"},
-      {"--average", "-a"},  {"--timeout", "-T"},      {"--output_file", "-J"}};
-  for (int i = 2; i < argc; ++i) {
+  for (int i = first; i < argc; ++i) {
     std::string flag = argv[i];
-    if (auto it = long_names.find(flag); it != long_names.end()) flag = it->second;
+    std::optional<std::string> value;
+    if (flag.rfind("--", 0) == 0) {
+      if (size_t eq = flag.find('='); eq != std::string::npos) {
+        value = flag.substr(eq + 1);
+        flag = flag.substr(0, eq);
+      }
+      if (auto it = kLongNames.find(flag); it != kLongNames.end()) flag = it->second;
+    } else if (flag.size() > 2 && flag[0] == '-' &&
+               !std::isdigit(static_cast<unsigned char>(flag[1]))) {
+      value = flag.substr(2);  // getopt's -b8
+      flag = flag.substr(0, 2);
+    }
+    if (flag == "-h") {
+      if (launcher_rank() <= 0) fmt::print("{}", usage_text(name));
+      std::exit(0);
+    }
     if (flag == "--corrupt-one-element") {  // test hook, see docs/weft-perf.md
       o.corrupt = true;
       continue;
     }
-    if (i + 1 >= argc) usage_error(flag + " needs a value");
-    std::string v = argv[++i];
+    if (!value) {
+      if (i + 1 >= argc) usage_error(flag + " needs a value");
+      value = argv[++i];
+    }
+    const std::string& v = *value;
     if (flag == "-b")
       o.min_bytes = parse_bytes(v);
     else if (flag == "-e")
@@ -198,6 +328,8 @@ Options parse(int argc, char** argv) {
       o.warmup = parse_int(flag, v, 0, 1 << 30);
     else if (flag == "-m")
       o.agg = parse_int(flag, v, 1, 1 << 20);
+    else if (flag == "-N")
+      o.cycles = parse_int(flag, v, 0, 1 << 30);
     else if (flag == "-d")
       o.dtypes = parse_dtypes(v);
     else if (flag == "-o")
@@ -207,22 +339,31 @@ Options parse(int argc, char** argv) {
     else if (flag == "-r")
       o.root = parse_int(flag, v, 0, 1 << 20);
     else if (flag == "-c")
-      o.check = parse_int(flag, v, 0, 1);
+      o.check = parse_int(flag, v, 0, 1 << 20);
     else if (flag == "-z")
-      o.blocking = parse_int(flag, v, 0, 1);
+      o.blocking = parse_int(flag, v, 0, 3);
     else if (flag == "-a")
       o.average = parse_int(flag, v, 0, 3);
     else if (flag == "-T")
       o.timeout_s = parse_int(flag, v, 0, 1 << 24);
     else if (flag == "-J")
       o.json_path = v;
+    else if (flag == "-t")
+      o.nthreads = parse_int(flag, v, 1, 4096);
+    else if (flag == "-g")
+      o.ngpus = parse_int(flag, v, 1, 4096);
+    else if (flag == "--csv")
+      o.csv_path = v;
     else if (flag == "--backend")
       o.backend = v;
+    else if (auto it = kIgnored.find(flag); it != kIgnored.end())
+      o.notes.push_back(fmt::format("{} {} ignored: {}", flag, v, it->second));
     else
-      usage_error("unknown flag " + flag);
+      usage_error("unknown flag " + std::string(argv[i]));
   }
   if (o.min_bytes > o.max_bytes) usage_error("-b is larger than -e");
   if (o.step_factor == 1 && o.step_bytes == 0) usage_error("-i 0 would never end");
+  if (o.nthreads * o.ngpus > 4096) usage_error("-t x -g is more than 4096 ranks");
   return o;
 }
 
@@ -329,7 +470,12 @@ class Data {
     spread_ = std::clamp(100 / std::max(ranks, 1), 1, 11);  // int8 sums of every rank fit
   }
 
+  // Check iteration `rep` (-c N) gets inputs of its own, so that a result left over from the
+  // previous one does not pass.
+  void set_rep(int rep) { shift_ = size_t(rep) * 13; }
+
   double input(int rank, size_t i) const {
+    i += shift_;
     if (op_.kind == ReduceOp::Prod) return (rank + i) % std::max(ranks_, 5) == 0 ? 2 : 1;
     if (is_bitwise(op_)) return double((1u << ((rank + i) % 6)) | ((i % 3) << 5));
     return double((size_t(rank) * 7 + i * 3) % size_t(spread_) + 1);
@@ -388,6 +534,7 @@ class Data {
   DType dtype_;
   ReduceOp op_;
   int spread_;
+  size_t shift_ = 0;
 };
 
 // ---- One collective at one size, both placements.
@@ -397,7 +544,8 @@ class Data {
 struct Shape {
   size_t count = 0;
   size_t bytes = 0;
-  double factor = 1;  // busbw / algbw
+  double factor = 1;      // busbw / algbw
+  double alg_factor = 1;  // algbw / (bytes / time): (n-1)/n for hypercube, as nccl-tests
 };
 
 Shape shape_of(const std::string& coll, size_t size, DType t, int n) {
@@ -409,6 +557,12 @@ Shape shape_of(const std::string& coll, size_t size, DType t, int n) {
     s.count = count / n;
     s.bytes = s.count * n * width;
     s.factor = double(n - 1) / n;
+  } else if (coll == "hypercube") {
+    // nccl-tests' hypercube_perf: an all_gather by send/recv; algbw counts the (n-1)/n of the
+    // output a rank receives, busbw = algbw.
+    s.count = count / n;
+    s.bytes = s.count * n * width;
+    s.alg_factor = double(n - 1) / n;
   } else {
     s.count = count;
     s.bytes = count * width;
@@ -453,6 +607,7 @@ class Runner {
     void* send = b_.send.data();
     void* recv = b_.recv.data();
     const bool wide = coll_ == "all_gather" || coll_ == "gather" || coll_ == "all_to_all" ||
+                      coll_ == "hypercube" ||
                       (in_place && (coll_ == "reduce_scatter" || coll_ == "scatter"));
     if (coll_ != "barrier") {
       for (size_t i = 0, end = wide ? c * n_ : c; i < end; ++i) store(t_, recv, i, -1);
@@ -464,7 +619,7 @@ class Runner {
     if (root_only && rank_ != root_) return;
     if (coll_ == "all_reduce" || coll_ == "reduce" || coll_ == "broadcast" || coll_ == "sendrecv") {
       fill_range(in_place ? recv : send, 0, c, 0);
-    } else if (coll_ == "all_gather" || coll_ == "gather") {
+    } else if (coll_ == "all_gather" || coll_ == "gather" || coll_ == "hypercube") {
       if (in_place) {
         fill_range(recv, rank_ * c, c, 0);
       } else {
@@ -517,6 +672,22 @@ class Runner {
                  ? pg_.scatter_from_tensor(view(recv, rank_ * c, c), view(recv, 0, c * n_), root_)
                  : pg_.scatter_from_tensor(view(recv, 0, c), view(send, 0, c * n_), root_);
     }
+    if (coll_ == "hypercube") {
+      // nccl-tests' hypercube all_gather: log2(n) steps; at the step of bit `mask` a rank
+      // exchanges the mask blocks it has with rank ^ mask. REQUIRES: n a power of two.
+      const size_t width = dtype_size(t_);
+      if (!in_place) std::memcpy(recv.data() + rank_ * c * width, send.data(), c * width);
+      std::shared_ptr<Work> work = pg_.barrier();
+      for (int mask = 1; mask < n_; mask <<= 1) {
+        work->wait();
+        const int s = rank_ & ~(mask - 1), r = s ^ mask;
+        pg_.start_coalescing();
+        pg_.send(view(recv, size_t(s) * c, c * mask), rank_ ^ mask);
+        pg_.recv(view(recv, size_t(r) * c, c * mask), rank_ ^ mask);
+        work = pg_.end_coalescing();
+      }
+      return work;
+    }
     if (coll_ == "sendrecv") {
       // A ring shift. weft has no in-place send/recv: in place receives into scratch, then
       // copies into the buffer it sent from (the time includes that copy).
@@ -552,7 +723,8 @@ class Runner {
     } else if (coll_ == "reduce_scatter") {
       const size_t at = in_place ? rank_ * c : 0;
       for (size_t i = 0; i < c; ++i) check(at + i, data_.reduced(rank_ * c + i));
-    } else if (coll_ == "all_gather" || (coll_ == "gather" && rank_ == root_)) {
+    } else if (coll_ == "all_gather" || coll_ == "hypercube" ||
+               (coll_ == "gather" && rank_ == root_)) {
       for (size_t k = 0; k < c * n_; ++k) check(k, data_.input(int(k / c), k % c));
     } else if (coll_ == "all_to_all") {
       for (size_t k = 0; k < c * n_; ++k) check(k, data_.input(int(k / c), rank_ * c + k % c));
@@ -580,15 +752,22 @@ class Runner {
     std::vector<std::shared_ptr<Work>> works;
     works.reserve(size_t(o_.iters) * o_.agg);
     const auto start = Clock::now();
+    // -z as nccl-tests: 1 wait and barrier after each operation, 2 wait after each, 3 wait and
+    // barrier after each timed iteration (its -m operations).
     for (int i = 0; i < o_.iters; ++i) {
       for (int m = 0; m < o_.agg; ++m) {
         auto work = issue(in_place);
-        if (o_.blocking) {
+        if (o_.blocking == 1 || o_.blocking == 2) {
           work->wait();
-          pg_.barrier()->wait();
+          if (o_.blocking == 1) pg_.barrier()->wait();
         } else {
           works.push_back(std::move(work));
         }
+      }
+      if (o_.blocking == 3) {
+        wait_all(works);
+        works.clear();
+        pg_.barrier()->wait();
       }
     }
     wait_all(works);
@@ -605,14 +784,20 @@ class Runner {
     }
     Result r;
     r.time_us = seconds * 1e6;
-    r.algbw = coll_ == "barrier" || seconds <= 0 ? 0 : double(s_.bytes) / 1e9 / seconds;
+    r.algbw =
+        coll_ == "barrier" || seconds <= 0 ? 0 : double(s_.bytes) * s_.alg_factor / 1e9 / seconds;
     r.busbw = r.algbw * s_.factor;
-    if (o_.check) {
+    // -c N as nccl-tests counts it: up to N check iterations after the timed loop, each on
+    // fresh inputs, stopping at the first with wrong elements (whose count is reported).
+    for (int c = 0; c < o_.check; ++c) {
+      data_.set_rep(c);
       fill(in_place);
       issue(in_place)->wait();
       r.wrong = wrong(in_place);
       pg_.all_reduce(Tensor::of(&r.wrong, 1))->wait();
+      if (r.wrong > 0) break;
     }
+    data_.set_rep(0);
     return r;
   }
 
@@ -686,13 +871,40 @@ std::vector<std::string> device_lines(ProcessGroup& pg, const std::string& backe
   return lines;
 }
 
-int run(const Options& o) {
+std::string csv_field(const Runner::Result& r) {
+  return fmt::format("{},{},{},{}", json_number(r.time_us), json_number(r.algbw),
+                     json_number(r.busbw), r.wrong < 0 ? "" : std::to_string(r.wrong));
+}
+
+// `url`: where the ranks meet ("" for the launcher's environment, env://).
+int run(const Options& o, const std::string& url) {
   ProcessGroupOptions options;
   options.backend = o.backend;
+  if (!url.empty()) options.url = url;
   if (o.timeout_s > 0) options.timeout = std::chrono::seconds(o.timeout_s);
   auto pg = init_process_group(options);
   const int n = pg->size(), rank = pg->rank();
   const bool main_rank = rank == 0;
+  if (main_rank) {
+    for (const std::string& note : o.notes) fmt::print("# {}: {}\n", g_program, note);
+    if (url.empty() && o.ngpus * o.nthreads > 1) {
+      fmt::print(
+          "# {}: -t {} -g {} ignored: weft runs one rank per process, and this job's {} ranks "
+          "are its launcher's\n",
+          g_program, o.nthreads, o.ngpus, n);
+    }
+  }
+  std::FILE* csv = nullptr;
+  if (main_rank && !o.csv_path.empty()) {
+    csv = std::fopen(o.csv_path.c_str(), "w");
+    if (csv == nullptr) {
+      fmt::print(stderr, "{}: cannot write {}: {}\n", g_program, o.csv_path, std::strerror(errno));
+      return 1;
+    }
+    fmt::print(csv,
+               "collective,size,count,type,redop,root,oop_time_us,oop_algbw_gbps,oop_busbw_gbps,"
+               "oop_wrong,ip_time_us,ip_algbw_gbps,ip_busbw_gbps,ip_wrong\n");
+  }
   const std::string backend = pg->backend_name(DeviceKind::Cpu);
   const std::string start_time = now_text();
   const std::vector<size_t> sizes = sizes_of(o);
@@ -710,7 +922,7 @@ int run(const Options& o) {
   std::string json_collectives;
   int total_bad_lines = 0;
   for (const std::string& coll : o.collectives) {
-    const std::string program = coll + "_perf";
+    const std::string program = o.program.empty() ? coll + "_perf" : o.program;
     if (main_rank) {
       fmt::print("# weft-perf version {} backend {} ranks {}\n", WEFT_VERSION, backend, n);
       fmt::print("# Collective test starting: {}\n", program);
@@ -749,6 +961,11 @@ int run(const Options& o) {
         coll == "barrier" ? std::vector<DType>{DType::Float32} : o.dtypes;
     const std::vector<ReduceOp> ops = reduces(coll) ? o.ops : std::vector<ReduceOp>{ReduceOp::Sum};
     std::vector<int> roots = {-1};
+    if (coll == "hypercube" && (n & (n - 1)) != 0) {
+      // nccl-tests skips it the same way; its line has no "#", weft-perf's does, for parsers.
+      if (main_rank) fmt::print("# nRanks {} is not a power of 2, skipping\n", n);
+      continue;
+    }
     if (has_root(coll)) {
       if (o.all_roots) {
         roots.clear();
@@ -771,38 +988,45 @@ int run(const Options& o) {
         }
         for (int root : roots) {
           const std::vector<size_t> run_sizes = coll == "barrier" ? std::vector<size_t>{0} : sizes;
-          for (size_t size : run_sizes) {
-            Shape shape = shape_of(coll, size, t, n);
-            Runner runner(*pg, o, buffers, coll, t, op, std::max(root, 0), shape);
-            Runner::Result out = runner.run(false);
-            Runner::Result in = runner.run(true);
-            for (const auto* r : {&out, &in}) {
-              bad_lines += r->wrong > 0;
-              bw_sum += r->busbw;
-              ++bw_count;
+          for (int cycle = 0; o.cycles == 0 || cycle < o.cycles; ++cycle)
+            for (size_t size : run_sizes) {
+              Shape shape = shape_of(coll, size, t, n);
+              Runner runner(*pg, o, buffers, coll, t, op, std::max(root, 0), shape);
+              Runner::Result out = runner.run(false);
+              Runner::Result in = runner.run(true);
+              for (const auto* r : {&out, &in}) {
+                bad_lines += r->wrong > 0;
+                bw_sum += r->busbw;
+                ++bw_count;
+              }
+              if (!main_rank) continue;
+              const std::string type = coll == "barrier" ? "none" : type_label(t);
+              const std::string redop = reduces(coll) ? op_label(op) : "none";
+              std::string line = fmt::format("{:12}  {:12}  {:>8}  {:>6}  {:6}", shape.bytes,
+                                             shape.count, type, redop, root);
+              for (const auto* r : {&out, &in}) {
+                line += fmt::format("  {:>7}  {:>6}  {:>6}", number(r->time_us, 7),
+                                    number(r->algbw, 6), number(r->busbw, 6));
+                line += r->wrong < 0 ? "    N/A" : fmt::format("  {:6}", r->wrong);
+              }
+              fmt::print("{}\n", line);
+              std::fflush(stdout);
+              auto placement = [&](const Runner::Result& r) {
+                return fmt::format(R"({{"time":{},"alg_bw":{},"bus_bw":{},"nwrong":{}}})",
+                                   json_number(r.time_us), json_number(r.algbw),
+                                   json_number(r.busbw),
+                                   r.wrong < 0 ? "null" : std::to_string(r.wrong));
+              };
+              if (csv != nullptr) {
+                fmt::print(csv, "{},{},{},{},{},{},{},{}\n", coll, shape.bytes, shape.count, type,
+                           redop, root, csv_field(out), csv_field(in));
+                std::fflush(csv);
+              }
+              json_results += fmt::format(
+                  R"({}{{"size":{},"count":{},"type":{},"redop":{},"root":{},"out_of_place":{},"in_place":{}}})",
+                  json_results.empty() ? "" : ",", shape.bytes, shape.count, json_string(type),
+                  json_string(redop), root, placement(out), placement(in));
             }
-            if (!main_rank) continue;
-            const std::string type = coll == "barrier" ? "none" : type_label(t);
-            const std::string redop = reduces(coll) ? op_label(op) : "none";
-            std::string line = fmt::format("{:12}  {:12}  {:>8}  {:>6}  {:6}", shape.bytes,
-                                           shape.count, type, redop, root);
-            for (const auto* r : {&out, &in}) {
-              line += fmt::format("  {:>7}  {:>6}  {:>6}", number(r->time_us, 7),
-                                  number(r->algbw, 6), number(r->busbw, 6));
-              line += r->wrong < 0 ? "    N/A" : fmt::format("  {:6}", r->wrong);
-            }
-            fmt::print("{}\n", line);
-            std::fflush(stdout);
-            auto placement = [&](const Runner::Result& r) {
-              return fmt::format(R"({{"time":{},"alg_bw":{},"bus_bw":{},"nwrong":{}}})",
-                                 json_number(r.time_us), json_number(r.algbw), json_number(r.busbw),
-                                 r.wrong < 0 ? "null" : std::to_string(r.wrong));
-            };
-            json_results += fmt::format(
-                R"({}{{"size":{},"count":{},"type":{},"redop":{},"root":{},"out_of_place":{},"in_place":{}}})",
-                json_results.empty() ? "" : ",", shape.bytes, shape.count, json_string(type),
-                json_string(redop), root, placement(out), placement(in));
-          }
         }
       }
     }
@@ -846,20 +1070,82 @@ int run(const Options& o) {
     }
     fmt::print("# Wrote JSON output to {}\n", o.json_path);
   }
+  if (csv != nullptr) std::fclose(csv);
   pg->barrier()->wait();
   pg->destroy();
   return total_bad_lines ? 1 : 0;
+}
+
+// Runs one rank; its exit status.
+int run_rank(const Options& o, const std::string& url) {
+  try {
+    return run(o, url);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}: {}\n", g_program, e.what());
+    return 1;
+  }
+}
+
+// No launcher started this process: start -t x -g ranks here, as nccl-tests' one process runs
+// -t threads of -g GPUs each. weft runs one rank per process, so each is a child process; they
+// meet through a FileStore in a fresh directory. The first to fail stops the others, and its
+// status is this process's.
+int run_here(const Options& o) {
+  const int ranks = o.nthreads * o.ngpus;
+  char dir_template[] = "/tmp/weft-perf-XXXXXX";
+  const char* dir = ::mkdtemp(dir_template);
+  if (dir == nullptr) {
+    fmt::print(stderr, "{}: cannot make a directory in /tmp: {}\n", g_program,
+               std::strerror(errno));
+    return 1;
+  }
+  const std::string store = std::string(dir) + "/store";
+  auto url = [&](int r) { return fmt::format("file://{}?rank={}&world_size={}", store, r, ranks); };
+  int status = 0;
+  if (ranks == 1) {
+    status = run_rank(o, url(0));
+  } else {
+    std::fflush(nullptr);
+    std::vector<pid_t> children;
+    for (int r = 0; r < ranks; ++r) {
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+        std::exit(run_rank(o, url(r)));
+      }
+      if (pid < 0) {
+        fmt::print(stderr, "{}: fork: {}\n", g_program, std::strerror(errno));
+        status = 1;
+        break;
+      }
+      children.push_back(pid);
+    }
+    for (size_t left = children.size(); left > 0; --left) {
+      int child_status = 0;
+      pid_t pid = ::wait(&child_status);
+      if (pid < 0) break;
+      const int code = WIFEXITED(child_status)     ? WEXITSTATUS(child_status)
+                       : WIFSIGNALED(child_status) ? 128 + WTERMSIG(child_status)
+                                                   : 1;
+      if (code != 0 && status == 0) {
+        status = code;
+        for (pid_t other : children) {
+          if (other != pid) ::kill(other, SIGTERM);
+        }
+      }
+    }
+  }
+  ::unlink(store.c_str());
+  ::rmdir(dir);
+  return status;
 }
 
 }  // namespace
 }  // namespace weft::perf
 
 int main(int argc, char** argv) {
-  weft::perf::Options options = weft::perf::parse(argc, argv);
-  try {
-    return weft::perf::run(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "weft-perf: %s\n", e.what());
-    return 1;
-  }
+  using namespace weft::perf;
+  Options options = parse(argc, argv);
+  if (launcher_rank() < 0) return run_here(options);
+  return run_rank(options, "");
 }

@@ -153,8 +153,8 @@ void LocalFabric::deliver(int source, int destination, Tag tag, Posted& send, Po
   std::string message;
   if (send.bytes != recv.bytes) {
     error = ErrorCode::Protocol;
-    message = fmt::format("rank {} sent {} bytes with {} but rank {} posted a receive of {}",
-                          source, send.bytes, tag_text(tag), destination, recv.bytes);
+    message = fmt::format("rank {} sent {} bytes with {} but rank {} posted a receive of {}: {}",
+                          source, send.bytes, tag_text(tag), destination, recv.bytes, kDesyncHint);
   } else {
     const void* data = send.is_eager ? send.eager.data() : send.send_data;
     try {

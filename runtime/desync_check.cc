@@ -97,6 +97,19 @@ Fingerprint fingerprint_of(const Collective& c, DType dtype) {
 
 }  // namespace
 
+uint16_t call_fingerprint(const Collective& c, DType dtype) {
+  const Fingerprint f = fingerprint_of(c, dtype);
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the fields, then folded to 16 bits
+  for (uint64_t field :
+       {f.kind, f.dtype, f.op, f.root, f.input_elements, f.output_elements, f.counts_hash}) {
+    h = (h ^ field) * 0x100000001b3ULL;
+  }
+  h ^= h >> 32;
+  h ^= h >> 16;
+  const auto digest = static_cast<uint16_t>(h);
+  return digest != 0 ? digest : 1;
+}
+
 void check_fingerprints(ProcessGroup::State& s, const Collective& c, DType dtype,
                         const ErrorContext& context) {
   Fingerprint mine = fingerprint_of(c, dtype);

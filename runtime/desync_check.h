@@ -17,4 +17,10 @@ namespace weft {
 void check_fingerprints(ProcessGroup::State& s, const Collective& c, DType dtype,
                         const ErrorContext& context);
 
+// The always-on, cheap half of the same idea: a 16-bit digest of the fields the check compares
+// (all but the sequence number), which every message of the collective carries in its tag
+// (collectives/tag.h), so that ranks that disagree about dtype, count, op or root at equal byte
+// sizes never combine each other's data. Never 0 (0 is "no fingerprint").
+uint16_t call_fingerprint(const Collective& c, DType dtype);
+
 }  // namespace weft

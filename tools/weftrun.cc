@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "weft/config.h"
 #include "weft/error.h"
 #include "weft/tcp_store_server.h"
 
@@ -38,6 +39,18 @@ int main(int argc, char** argv) {
   if (options.help) {
     std::fputs(usage().c_str(), stdout);
     return 0;
+  }
+
+  // The WEFT_* variables, read now: the store server (and every rank) reads them, and a bad one
+  // must be reported as what it is, not as a store that cannot be hosted.
+  try {
+    (void)weft::config();
+  } catch (const weft::Error& e) {
+    std::fprintf(stderr,
+                 "weftrun: %s\n(a WEFT_* variable in weftrun's environment, which every rank "
+                 "inherits: fix or unset it; docs/configuration.md lists them)\n",
+                 e.what());
+    return kUsageExit;
   }
 
   try {

@@ -64,7 +64,8 @@ options:
                          address keeps the store off the network
   --master-port PORT     the store's port (default 29500)
   --standalone           one node, store on 127.0.0.1 at a free port (ignores --master-*)
-  --no-prefix            do not prefix output lines with "[RANK]: "
+  --prefix               prefix each output line with "[RANK]: " (default: relay lines
+                         unchanged, as torchrun does; --no-prefix says so explicitly)
   --grace-period SECS    time between SIGTERM and SIGKILL when stopping ranks (default 5)
   --rdzv-id ID           the job's id (WEFT_JOB_ID), the same on every node: ranks of another
                          job are refused (default: random on one node; from --master-addr and
@@ -126,6 +127,9 @@ Options parse_options(const std::vector<std::string>& args) {
     } else if (flag == "--standalone") {
       no_value();
       options.standalone = true;
+    } else if (flag == "--prefix") {
+      no_value();
+      options.prefix = true;
     } else if (flag == "--no-prefix") {
       no_value();
       options.prefix = false;

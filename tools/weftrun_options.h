@@ -16,8 +16,9 @@ struct Options {
   uint16_t master_port = 29500;  // torchrun's default
   // One node, store on 127.0.0.1 at a port the kernel picks (no clash between concurrent jobs).
   bool standalone = false;
-  // Prefix each output line with "[RANK]: ".
-  bool prefix = true;
+  // Prefix each output line with "[RANK]: " (--prefix). Off by default, as torchrun's, so that a
+  // program's output reads under weftrun as it does alone (nccl-tests' log parsers).
+  bool prefix = false;
   // After the first failure (or a forwarded signal), how long the other ranks get between
   // SIGTERM and SIGKILL.
   std::chrono::milliseconds grace_period{5000};

@@ -384,13 +384,19 @@ std::string Supervisor::summary() const {
     }
   }
   if (first_failed_ >= 0) {
+    // Its lines were relayed as they came: repeating them here would print its error twice.
+    // Only when weftrun's own output was closed (nothing reached the reader) are they quoted.
     const Rank& first = ranks_[first_failed_];
     if (first.tail.empty()) {
       text += fmt::format("weftrun: rank {} printed nothing\n", first.rank);
-    } else {
+    } else if (output_closed_[0] || output_closed_[1]) {
       text += fmt::format("weftrun: last lines of rank {}:\n", first.rank);
       for (const std::string& line : first.tail)
         text += fmt::format("  [{}]: {}\n", first.rank, line);
+    } else if (!options_.prefix && ranks_.size() > 1) {
+      text += fmt::format(
+          "weftrun: rank {}'s output is above (weftrun --prefix marks each line with its rank)\n",
+          first.rank);
     }
   }
   return text;

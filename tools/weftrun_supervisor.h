@@ -21,7 +21,7 @@ namespace weft::weftrun {
 void block_launcher_signals();
 
 // The Supervisor runs one node's ranks: children in their own process groups, stdout and stderr
-// through pipes, each line relayed with a "[RANK]: " prefix (unless --no-prefix) and the last
+// through pipes, each line relayed unchanged (with a "[RANK]: " prefix under --prefix) and the last
 // kTailLines of each rank kept for the summary. One thread, one poll() over the pipes and a
 // signalfd; nothing runs between events.
 //

@@ -12,7 +12,10 @@ namespace weft::backends {
 
 void GroupFailure::record(const ErrorContext& context, const std::string& what) {
   try {
-    std::string text = fmt::format("rank {}: {}", rank_, what);
+    // An error with a context names the rank already ("rank 2/4 group ..."): not twice.
+    std::string text = what.starts_with(fmt::format("rank {}/", rank_))
+                           ? what
+                           : fmt::format("rank {}: {}", rank_, what);
     store_->compare_set(kKey, std::vector<uint8_t>{},
                         std::vector<uint8_t>(text.begin(), text.end()));
   } catch (const std::exception& e) {

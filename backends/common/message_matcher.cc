@@ -9,8 +9,25 @@
 
 namespace weft::backends {
 
+using collectives::differs_only_in_fingerprint;
 using collectives::Tag;
+using collectives::tag_fingerprint;
 using collectives::tag_text;
+
+namespace {
+
+// A message and a receive for the same step of the same collective whose calls differ (their
+// tags differ only in the call fingerprint): the ranks disagree about dtype, count, op or root.
+std::string fingerprint_detail(int peer, Tag sent, Tag expected) {
+  return fmt::format(
+      "rank {} sent {} but this rank expects {}: the two ranks called this collective with "
+      "different arguments (dtype, count, reduce op or root; the calls' fingerprints {:04x} and "
+      "{:04x} differ), so its data is not used; rerun with WEFT_DEBUG=detail to have every "
+      "rank's call compared",
+      peer, tag_text(sent), tag_text(expected), tag_fingerprint(sent), tag_fingerprint(expected));
+}
+
+}  // namespace
 
 MessageMatcher::MessageMatcher(int rank, int size, Options options)
     : rank_(rank),
@@ -85,13 +102,18 @@ void MessageMatcher::sent(PeerQueues& peer, Op& op) {
 std::optional<MessageMatcher::SingleCopyMatch> MessageMatcher::match_posted_recv(PeerQueues& peer,
                                                                                  Op& op) {
   for (auto it = peer.unexpected.begin(); it != peer.unexpected.end(); ++it) {
-    if (it->tag != op.tag) continue;
+    const bool near_miss = differs_only_in_fingerprint(it->tag, op.tag);
+    if (it->tag != op.tag && !near_miss) continue;
     Unexpected& u = *it;
     const bool arriving = peer.in_unexpected == &u;
-    if (u.size != op.bytes) {
+    if (near_miss) {
+      fail(op, error(ErrorCode::Desync, op_name(op.kind),
+                     fingerprint_detail(peer.rank, u.tag, op.tag)));
+    } else if (u.size != op.bytes) {
       fail(op, error(ErrorCode::Protocol, op_name(op.kind),
-                     fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
-                                 peer.rank, u.size, tag_text(op.tag), op.bytes)));
+                     fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes: {}",
+                                 peer.rank, u.size, tag_text(op.tag), op.bytes,
+                                 collectives::kDesyncHint)));
     } else if (!u.single_copy) {
       deliver(op, u.buffer.data.get(), u.got);
       if (!arriving) complete(op);
@@ -108,7 +130,8 @@ std::optional<MessageMatcher::SingleCopyMatch> MessageMatcher::match_posted_recv
     if (peer.in_state == InState::Paused) start_payload(peer);  // the freed room may let it in
     return single_copy;
   }
-  if (peer.in_state == InState::Paused && peer.in_header.tag == op.tag) {
+  if (peer.in_state == InState::Paused &&
+      (peer.in_header.tag == op.tag || differs_only_in_fingerprint(peer.in_header.tag, op.tag))) {
     peer.recvs.push_front(&op);  // the paused message is the first with this tag: it is op's
     start_payload(peer);
     return std::nullopt;
@@ -125,13 +148,25 @@ std::optional<MessageMatcher::SingleCopyMatch> MessageMatcher::match_posted_recv
 Op* MessageMatcher::take_posted_recv(PeerQueues& peer, Tag tag, uint64_t bytes) {
   auto posted = std::find_if(peer.recvs.begin(), peer.recvs.end(),
                              [&](const Op* op) { return op->tag == tag; });
-  if (posted == peer.recvs.end()) return nullptr;
+  if (posted == peer.recvs.end()) {
+    // Not posted yet, or posted for a different call of the same collective step: the latter
+    // fails now (its payload is discarded) rather than at the timeout.
+    posted = std::find_if(peer.recvs.begin(), peer.recvs.end(),
+                          [&](const Op* op) { return differs_only_in_fingerprint(op->tag, tag); });
+    if (posted == peer.recvs.end()) return nullptr;
+    Op& op = **posted;
+    peer.recvs.erase(posted);
+    fail(op,
+         error(ErrorCode::Desync, op_name(op.kind), fingerprint_detail(peer.rank, tag, op.tag)));
+    return &op;
+  }
   Op& op = **posted;
   peer.recvs.erase(posted);
   if (op.bytes != bytes) {
-    fail(op, error(ErrorCode::Protocol, op_name(op.kind),
-                   fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
-                               peer.rank, bytes, tag_text(tag), op.bytes)));
+    fail(op,
+         error(ErrorCode::Protocol, op_name(op.kind),
+               fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes: {}",
+                           peer.rank, bytes, tag_text(tag), op.bytes, collectives::kDesyncHint)));
   }
   return &op;
 }

@@ -10,7 +10,8 @@
 //   Options::unexpected_limit per peer: past it the peer is paused (its sender is pushed back by
 //   the socket or ring) until a receive for that message is posted. A receive posted later
 //   (match_posted_recv) takes the first buffered message with its tag. A size mismatch fails the
-//   receive with Error(Protocol); the message is discarded.
+//   receive with Error(Protocol); the message is discarded. A message whose tag differs from the
+//   receive's only in the call fingerprint (tag.h) fails it with Error(Desync) the same way.
 // - Failure: a deadline passed (settle) throws Error(Timeout) naming peer, tag and bytes
 //   outstanding and withdraws the request so the stream stays consistent (a send already partly
 //   written is finished from a copy, an orphan; the rest of a receive already partly read is
@@ -112,7 +113,9 @@ class MessageMatcher {
   // a size mismatch), or pauses the peer; returns false when paused.
   bool start_payload(PeerQueues& peer);
   // Takes the first posted receive from peer with `tag`, or null. One whose size is not `bytes`
-  // is failed with Error(Protocol) (and returned, finished).
+  // is failed with Error(Protocol) (and returned, finished). Without one, a receive whose tag
+  // differs only in its call fingerprint (collectives/tag.h: the ranks called this collective
+  // with different arguments) is failed with Error(Desync) and returned, finished.
   Op* take_posted_recv(PeerQueues& peer, collectives::Tag tag, uint64_t bytes);
   // The current message's payload is all read: completes its receive, back to reading headers.
   void finish_message(PeerQueues& peer);
@@ -130,6 +133,13 @@ class MessageMatcher {
   // ---- Failure.
   // Withdraws a pending op after its wait() timed out, keeping the byte stream consistent.
   void withdraw(PeerQueues& peer, Op& op);
+  // What an aborting transport sends each peer just before it hangs up (out of band: TCP urgent
+  // data, a byte on the shared-memory control socket), so that a peer can say the rank aborted
+  // rather than that it exited or crashed, and the `why` it then reports.
+  static constexpr char kAbortMarker = 'A';
+  static constexpr const char* kPeerAborted =
+      "aborted its process group and hung up (abort() was called there, or it broke on an "
+      "earlier failure; its own error says which)";
   // The peer is lost: fails every request queued with it with Error(PeerLost) naming it and
   // `why`, and drops a message half-read from it.
   void fail_peer(PeerQueues& peer, const std::string& why);

@@ -8,6 +8,7 @@
 #include "weft/error.h"
 
 #include "collectives/context.h"
+#include "runtime/desync_check.h"
 #include "runtime/log.h"
 
 namespace weft::backends {
@@ -21,6 +22,28 @@ namespace {
 // otherwise double its latency. Above it, the transfer dwarfs a wake-up, and starting at once on
 // the progress thread gives the caller the most overlap.
 constexpr size_t kDeferBytes = 64 * 1024;
+
+// `inner` is an error raised below the collective (by its transport, its algorithm), which
+// already names this rank, its group and the code: "recursive_doubling all_reduce step 1/1:
+// rank 1/2 group "world" shm recv: Desync: rank 0 sent ...". The collective's own context goes
+// in front of it, so those repeats are dropped: "... shm recv: rank 0 sent ...".
+std::string without_repeats(std::string inner, const ErrorContext& context, ErrorCode code) {
+  ErrorContext who;
+  who.rank = context.rank;
+  who.size = context.size;
+  who.group = context.group;
+  const std::string prefix = who.describe() + " ";
+  if (prefix.size() > 1) {
+    for (size_t at; (at = inner.find(prefix)) != std::string::npos;) inner.erase(at, prefix.size());
+  }
+  const std::string lead = fmt::format("{}: ", error_code_name(code));
+  if (inner.starts_with(lead)) {
+    inner.erase(0, lead.size());
+  } else if (size_t at = inner.find(": " + lead); at != std::string::npos) {
+    inner.erase(at + 2, lead.size());
+  }
+  return inner;
+}
 
 size_t bytes_moved(const Collective& collective) {
   size_t in = 0;
@@ -126,8 +149,8 @@ void TransportBackend::guarded(const ErrorContext& context,
   try {
     body(deadline);
   } catch (const Error& error) {
-    // Every error leaves with the collective's context in front: rank, group, op, #seq.
-    std::string detail = error.what();
+    // Every error leaves with the collective's context in front: rank, group, op, #seq (once).
+    std::string detail = without_repeats(error.what(), context, error.code());
     if (error.code() == ErrorCode::Aborted) {
       std::lock_guard<std::mutex> lock(abort_mutex_);
       if (!abort_reason_.empty()) detail = abort_reason_ + " (" + detail + ")";
@@ -157,13 +180,20 @@ void TransportBackend::guarded(const ErrorContext& context,
 void TransportBackend::break_group(const ErrorContext& context, std::exception_ptr error) {
   broken_ = error;
   std::string what;
+  ErrorCode code = ErrorCode::PeerLost;
   try {
     std::rethrow_exception(error);
+  } catch (const Error& e) {
+    what = e.what();
+    code = e.code();
   } catch (const std::exception& e) {
     what = e.what();
   }
-  WEFT_LOG_WARN("{}: the group is broken; later collectives fail at once: {}", context.describe(),
-                what);
+  // The error itself reaches the caller through this collective: logged in full only at debug,
+  // so that it is not printed twice (once here, once by the program that catches it).
+  WEFT_LOG_WARN("{}: the group is broken ({}); later collectives on it fail at once",
+                context.describe(), error_code_name(code));
+  WEFT_LOG_DEBUG("{}: broken by: {}", context.describe(), what);
   // Say what happened first, then hang up, so that a peer which learns of it from the hang-up can
   // name the rank really lost.
   failure_.record(context, what);
@@ -172,7 +202,13 @@ void TransportBackend::break_group(const ErrorContext& context, std::exception_p
 
 void TransportBackend::run(const Collective& collective, const ErrorContext& context) {
   guarded(context, [&](Clock::time_point deadline) {
-    collectives::Context ctx{*transport_, collective.seq, deadline};
+    // Every message of the collective carries its call's fingerprint (collectives/tag.h).
+    const DType dtype = !collective.inputs.empty()    ? collective.inputs[0].dtype
+                        : !collective.outputs.empty() ? collective.outputs[0].dtype
+                                                      : DType::Float32;
+    const uint64_t seq =
+        collectives::fingerprinted_seq(collective.seq, call_fingerprint(collective, dtype));
+    collectives::Context ctx{*transport_, seq, deadline};
     ctx.scratch = &scratch_;
     run_collective(collective, ctx, plan_);
   });

@@ -35,13 +35,12 @@ void ShmTransport::check_peers(bool now_please) {
   if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return;
   for (size_t i = 0; i < fds.size(); ++i) {
     if (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
-      lose_peer(*polled[i],
-                "is gone (its control connection closed: it exited, crashed or aborted)");
+      lose_peer(*polled[i], "is gone (its control connection closed: it exited or crashed)");
     }
   }
 }
 
-void ShmTransport::lose_peer(Peer& peer, const std::string& why) {
+void ShmTransport::lose_peer(Peer& peer, const std::string& hang_up) {
   if (peer.lost) return;
   // After abort(), this rank's own shutdown of the connections reads as a hang-up: what the
   // caller must act on is the abort, not a peer that only looks lost.
@@ -49,6 +48,13 @@ void ShmTransport::lose_peer(Peer& peer, const std::string& why) {
     handle_abort();
     return;
   }
+  // A peer that aborted wrote its marker on the control socket (which carries nothing else)
+  // before hanging up.
+  char marker = 0;
+  const bool aborted = peer.control.valid() &&
+                       ::recv(peer.control.fd(), &marker, 1, MSG_DONTWAIT) == 1 &&
+                       marker == backends::MessageMatcher::kAbortMarker;
+  const std::string why = aborted ? backends::MessageMatcher::kPeerAborted : hang_up;
   // What it committed before going stays readable in this rank's segment: take all of it first.
   // Marked lost (and draining) already, so that the matcher buffers past the unexpected limit:
   // what is left is bounded by the ring, and holding it back would only turn messages into
@@ -116,7 +122,10 @@ void ShmTransport::abort(const std::string& reason) {
   // Peers poll these sockets: a shut-down connection tells them within a slice, rather than at
   // their deadline. shutdown() leaves the descriptor open, so the owner thread's polls are safe.
   for (auto& peer : peers_) {
-    if (peer && peer->control.valid()) ::shutdown(peer->control.fd(), SHUT_RDWR);
+    if (!peer || !peer->control.valid()) continue;
+    const char marker = backends::MessageMatcher::kAbortMarker;
+    (void)::send(peer->control.fd(), &marker, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ::shutdown(peer->control.fd(), SHUT_RDWR);
   }
   if (bell_) bell_->ring();
 }

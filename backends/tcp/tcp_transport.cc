@@ -77,7 +77,8 @@ TcpTransport::TcpTransport(int rank, int size, std::vector<net::Socket> sockets,
     peer->socket = std::move(sockets[r]);
     net::set_nonblocking(peer->socket.fd());
     net::set_nodelay(peer->socket.fd());
-    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    // EPOLLPRI: a peer's abort marker (urgent data), read before the stream passes its mark.
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET;
     ev.data.u64 = static_cast<uint64_t>(r);
     if (epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, peer->socket.fd(), &ev) != 0) {
       throw matcher_.error(ErrorCode::Io, "tcp transport",
@@ -307,6 +308,7 @@ void TcpTransport::wait_for_events(Clock::time_point deadline) {
     Peer& peer = *peers_[key];
     uint32_t e = events[i].events;
     // Errors and hang-ups are found by the next read or write, which reports them properly.
+    if (e & EPOLLPRI) take_abort_marker(peer);
     if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) peer.readable = true;
     if (e & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) peer.draining = true;  // it hung up
     if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR)) peer.writable = true;

@@ -81,6 +81,8 @@ struct TcpPeer : backends::PeerQueues {
   // Edge-triggered readiness: set by epoll events, cleared when a call returns EAGAIN.
   bool readable = true;
   bool writable = true;
+  // It sent the abort marker (urgent data, see abort()) before hanging up.
+  bool aborted = false;
   size_t in_header_got = 0;  // bytes of in_header read so far
 };
 
@@ -147,6 +149,9 @@ class TcpTransport final : public collectives::Transport {
   bool progress();
   void wait_for_events(collectives::Clock::time_point deadline);
   void lose_peer(Peer& peer, const std::string& why);
+  // Reads a pending urgent byte; sets peer.aborted when it is the abort marker. It must be read
+  // before a normal read passes its place in the stream, which discards it.
+  void take_abort_marker(Peer& peer);
   // Withdraws a pending op after its wait() timed out, keeping the byte stream consistent.
   void withdraw(Op& op);
   void handle_abort();

@@ -9,7 +9,7 @@
 
 namespace weft::tcp {
 
-void TcpTransport::lose_peer(Peer& peer, const std::string& why) {
+void TcpTransport::lose_peer(Peer& peer, const std::string& hang_up) {
   if (peer.lost) return;
   // After abort(), this rank's own shutdown of the connections reads as a hang-up: what the
   // caller must act on is the abort, not a peer that only looks lost.
@@ -17,11 +17,23 @@ void TcpTransport::lose_peer(Peer& peer, const std::string& why) {
     handle_abort();
     return;
   }
+  // A peer that aborted sent its marker as urgent data before hanging up: say so, rather than
+  // "closed its connection", which reads as an exit or a crash.
+  take_abort_marker(peer);
+  const std::string why = peer.aborted ? backends::MessageMatcher::kPeerAborted : hang_up;
   // The fd stays open (shut down) until the transport dies, so that abort() on another thread
   // never touches a reused descriptor number.
   epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, peer.socket.fd(), nullptr);
   ::shutdown(peer.socket.fd(), SHUT_RDWR);
   matcher_.fail_peer(peer, why);
+}
+
+void TcpTransport::take_abort_marker(Peer& peer) {
+  char marker = 0;
+  if (::recv(peer.socket.fd(), &marker, 1, MSG_OOB | MSG_DONTWAIT) == 1 &&
+      marker == backends::MessageMatcher::kAbortMarker) {
+    peer.aborted = true;
+  }
 }
 
 void TcpTransport::withdraw(Op& op) { matcher_.withdraw(*peers_[op.peer], op); }
@@ -31,7 +43,11 @@ void TcpTransport::abort(const std::string& reason) {
   // Shutting the connections down tells the peers at once (they see PeerLost) instead of
   // leaving them to their timeouts. The fds themselves are closed only by the destructor.
   for (auto& peer : peers_) {
-    if (peer) ::shutdown(peer->socket.fd(), SHUT_RDWR);
+    if (!peer) continue;
+    // Urgent data stays out of the byte stream, whatever the owner thread is writing into it.
+    const char marker = backends::MessageMatcher::kAbortMarker;
+    (void)::send(peer->socket.fd(), &marker, 1, MSG_OOB | MSG_DONTWAIT | MSG_NOSIGNAL);
+    ::shutdown(peer->socket.fd(), SHUT_RDWR);
   }
   uint64_t one = 1;
   ssize_t ignored = ::write(wakeup_.fd(), &one, sizeof(one));

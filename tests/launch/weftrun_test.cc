@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -147,9 +148,10 @@ std::vector<std::string> concat(std::vector<std::string> a, const std::vector<st
   return a;
 }
 
-TEST_CASE("weftrun runs 4 ranks that rendezvous through its store and prefixes every line",
+TEST_CASE("weftrun --prefix runs 4 ranks that rendezvous through its store and prefixes every line",
           "[launch][weftrun][multiproc]") {
-  Weftrun run(concat({"--nproc-per-node", "4", "--standalone"}, program({"--lines", "2"})));
+  Weftrun run(
+      concat({"--nproc-per-node", "4", "--standalone", "--prefix"}, program({"--lines", "2"})));
   int code = run.finish();
   INFO(run.output());
   CHECK(code == 0);
@@ -167,13 +169,25 @@ TEST_CASE("weftrun runs 4 ranks that rendezvous through its store and prefixes e
   CHECK(count == 4 * 4);
 }
 
-TEST_CASE("weftrun --no-prefix relays the ranks' lines unchanged", "[launch][weftrun][multiproc]") {
-  Weftrun run(concat({"--nproc_per_node=2", "--standalone", "--no-prefix"}, program({})));
-  CHECK(run.finish() == 0);
-  INFO(run.output());
-  CHECK_THAT(run.output(), Catch::Contains("rank 1 of 2: line 0\n"));
-  CHECK_THAT(run.output(), Catch::Contains("rank 0 ok\n"));
-  CHECK_THAT(run.output(), !Catch::Contains("["));
+TEST_CASE("weftrun relays the ranks' lines unchanged by default, as torchrun does",
+          "[launch][weftrun][multiproc]") {
+  // No flag: a program's output reads under weftrun as it does alone (nccl-tests' parsers).
+  // --no-prefix says the same explicitly; --prefix=... takes no value.
+  for (std::vector<std::string> flags :
+       {std::vector<std::string>{}, std::vector<std::string>{"--no-prefix"}}) {
+    Weftrun run(concat(concat({"--nproc_per_node=2", "--standalone"}, flags), program({})));
+    CHECK(run.finish() == 0);
+    INFO(run.output());
+    std::istringstream lines(run.output());
+    std::vector<std::string> got;
+    for (std::string line; std::getline(lines, line);) got.push_back(line);
+    std::sort(got.begin(), got.end());
+    CHECK(got == std::vector<std::string>{"rank 0 of 2: line 0", "rank 0 ok", "rank 0: on stderr",
+                                          "rank 1 of 2: line 0", "rank 1 ok", "rank 1: on stderr"});
+  }
+  Weftrun bad({"--prefix=yes", "--standalone", "x"});
+  CHECK(bad.finish() == 2);
+  CHECK_THAT(bad.output(), Catch::Contains("--prefix takes no value"));
 }
 
 TEST_CASE("a rank that exits 3 makes weftrun stop the others and exit 3 naming it",
@@ -193,13 +207,17 @@ TEST_CASE("a rank that exits 3 makes weftrun stop the others and exit 3 naming i
                                     r))));
     CHECK_THAT(out, !Catch::Contains(fmt::format("rank {} ok", r)));
   }
-  // stdout and stderr come through separate pipes, so their relative order is not fixed.
-  size_t tail = out.find("weftrun: last lines of rank 2:\n");
-  REQUIRE(tail != std::string::npos);
-  for (const char* line : {"  [2]: rank 2 of 4: line 0\n", "  [2]: rank 2 of 4: line 1\n",
-                           "  [2]: rank 2 of 4: line 2\n", "  [2]: rank 2: on stderr\n"}) {
-    CHECK_THAT(out.substr(tail), Catch::Contains(line));
+  // Its lines were relayed once, as they came; the summary points at them instead of repeating
+  // them (an error printed twice reads as two errors).
+  for (const char* line :
+       {"rank 2 of 4: line 0\n", "rank 2 of 4: line 2\n", "rank 2: on stderr\n"}) {
+    size_t first = out.find(line);
+    CHECK(first != std::string::npos);
+    CHECK(out.find(line, first + 1) == std::string::npos);
   }
+  CHECK_THAT(out, Catch::Contains("weftrun: rank 2's output is above (weftrun --prefix marks each "
+                                  "line with its rank)\n"));
+  CHECK_THAT(out, !Catch::Contains("last lines"));
 }
 
 TEST_CASE("a rank killed by SIGKILL is named with its signal and weftrun exits 137",
@@ -212,7 +230,7 @@ TEST_CASE("a rank killed by SIGKILL is named with its signal and weftrun exits 1
   CHECK(code == 128 + SIGKILL);
   CHECK(std::regex_search(out, std::regex("weftrun: rank 1 \\(pid [0-9]+\\) was killed by signal 9 "
                                           "\\(SIGKILL\\) first")));
-  CHECK_THAT(out, Catch::Contains("  [1]: rank 1 of 3: line 0\n"));
+  CHECK_THAT(out, Catch::Contains("rank 1 of 3: line 0\n"));
   CHECK_THAT(out, !Catch::Contains("rank 0 ok"));
 }
 
@@ -296,15 +314,16 @@ TEST_CASE("a rank that aborts after weftrun's SIGTERM is not said to be stopped 
 
 TEST_CASE("weftrun gives its ranks one WEFT_JOB_ID, --rdzv-id's when given, a new one otherwise",
           "[launch][weftrun][multiproc]") {
-  Weftrun named({"--nproc-per-node", "2", "--standalone", "--rdzv-id", "job42", "/bin/sh", "-c",
-                 "echo id=$WEFT_JOB_ID"});
+  Weftrun named({"--nproc-per-node", "2", "--standalone", "--prefix", "--rdzv-id", "job42",
+                 "/bin/sh", "-c", "echo id=$WEFT_JOB_ID"});
   CHECK(named.finish() == 0);
   CHECK_THAT(named.output(),
              Catch::Contains("[0]: id=job42\n") && Catch::Contains("[1]: id=job42\n"));
 
   std::string ids[2];
   for (std::string& id : ids) {
-    Weftrun run({"--nproc-per-node", "2", "--standalone", "/bin/sh", "-c", "echo id=$WEFT_JOB_ID"});
+    Weftrun run({"--nproc-per-node", "2", "--standalone", "--prefix", "/bin/sh", "-c",
+                 "echo id=$WEFT_JOB_ID"});
     REQUIRE(run.finish() == 0);
     std::smatch m;
     const std::string& out = run.output();
@@ -361,7 +380,7 @@ TEST_CASE("weftrun on node 1 sets the multi-node variables and does not host the
   std::string port = std::to_string(ntohs(addr.sin_port));
 
   Weftrun node1({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-port",
-                 port, "/bin/sh", "-c",
+                 port, "--prefix", "/bin/sh", "-c",
                  "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
                  "$MASTER_PORT $TORCHELASTIC_USE_AGENT_STORE"});
   CHECK(node1.finish() == 0);
@@ -375,6 +394,23 @@ TEST_CASE("weftrun on node 1 sets the multi-node variables and does not host the
   CHECK_THAT(node0.output(),
              Catch::Contains(fmt::format("weftrun: cannot host the store on 127.0.0.1:{}", port)));
   close(holder);
+}
+
+TEST_CASE("a bad WEFT_* value is reported as a configuration error, not as the store's port",
+          "[launch][weftrun]") {
+  // The store server reads WEFT_* too: its failure used to read "cannot host the store ... pass
+  // --master-port", which sends the user after the wrong thing.
+  setenv("WEFT_TIMEOUT", "soon", 1);
+  Weftrun run({"--standalone", "/bin/true"});
+  unsetenv("WEFT_TIMEOUT");
+  CHECK(run.finish() == 2);
+  INFO(run.output());
+  CHECK_THAT(run.output(),
+             Catch::StartsWith("weftrun: configuration: InvalidArgument: WEFT_TIMEOUT=\"soon\" is "
+                               "not a duration"));
+  CHECK_THAT(run.output(), Catch::Contains("fix or unset it"));
+  CHECK_THAT(run.output(), !Catch::Contains("cannot host the store"));
+  CHECK_THAT(run.output(), !Catch::Contains("--master-port"));
 }
 
 TEST_CASE("weftrun refuses bad flags with a message and exit code 2", "[launch][weftrun]") {

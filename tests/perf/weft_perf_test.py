@@ -17,8 +17,16 @@ CASE is one of:
            #wrong is N/A.
   json     -J output validates against benchmarks/weft-perf.schema.json (python3-jsonschema)
            and agrees with the text output line by line.
+  nccl     WEFT_PERF is a link named all_reduce_perf: nccl-tests' own command line
+           (`all_reduce_perf -b 8 -e 128M -f 2 -g 1`) runs unchanged without a launcher, and its
+           output reads with benchmarks/nccl_log.py and nccl-tests' exact line format; also under
+           weftrun (no rank prefix), with -g 2 (two ranks started here), long forms --flag=value,
+           ignored flags (-G) noted, -c N, --csv, the other links (alltoall_perf, hypercube_perf),
+           ranks that disagree about the dtype failing with Desync (not #wrong), and a usage
+           error printed once for three ranks.
 Exit 0 on success, 1 on failure, 77 (meson's "skipped") when jsonschema is missing.
 """
+import csv
 import json
 import os
 import re
@@ -27,6 +35,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmarks"))
+import nccl_log  # noqa: E402
 
 # The regex an nccl-tests log parser uses for a result line (both placements).
 FLOAT = r"([\d.]+(?:e[+-]?\d+)?)"
@@ -57,7 +67,7 @@ def check(cond, what):
 
 
 def run(weftrun, perf, ranks, args, expect_ok=True):
-    cmd = [weftrun, "--nproc-per-node", str(ranks), "--standalone", "--no-prefix", perf] + args
+    cmd = [weftrun, "--nproc-per-node", str(ranks), "--standalone", perf] + args
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if expect_ok and proc.returncode != 0:
         raise Failure(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
@@ -211,6 +221,122 @@ def case_json(weftrun, perf, schema_path):
     raise Failure("the schema accepted average = 7")
 
 
+# The launchers' variables: without them weft-perf starts its ranks itself, as nccl-tests does.
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+               "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+def run_alone(program, args, expect_ok=True):
+    """program run as nccl-tests is: no launcher, no weftrun."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    proc = subprocess.run([program] + args, capture_output=True, text=True, timeout=240, env=env)
+    if expect_ok and proc.returncode != 0:
+        raise Failure(f"{program} {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n"
+                      f"{proc.stderr}")
+    return proc
+
+
+def strict_lines(text, program, ranks):
+    """Every line of text as nccl-tests prints it: comments, blank lines and result lines in its
+    exact layout, nothing else (no launcher prefix)."""
+    check(f"# Collective test starting: {program}" in text.splitlines(), f"no header for {program}")
+    devices = re.findall(r"^#  Rank +(\d+) Group  0 Pid", text, re.M)
+    check(devices == [str(r) for r in range(ranks)], f"device lines for ranks {devices}")
+    for line in text.splitlines():
+        if line == "" or line.startswith("#"):
+            continue
+        check(LINE.match(line) is not None, f"not an nccl-tests line: {line!r}")
+
+
+def case_nccl(weftrun, link, _schema):
+    check(os.path.basename(link) == "all_reduce_perf", f"{link} is not the all_reduce_perf link")
+    links = os.path.dirname(link)
+    # nccl-tests' README command line, unchanged.
+    proc = run_alone(link, ["-b", "8", "-e", "128M", "-f", "2", "-g", "1"])
+    strict_lines(proc.stdout, "all_reduce_perf", 1)
+    (test,) = nccl_log.summary(proc.stdout)
+    check(test["collective"] == "all_reduce", f"collective {test['collective']}")
+    check([r["size"] for r in test["rows"]] == [8 << i for i in range(25)],
+          f"sizes {[r['size'] for r in test['rows']]}")
+    for r in test["rows"]:
+        check((r["count"], r["type"], r["redop"], r["root"]) == (r["size"] // 4, "float", "sum", -1),
+              f"row {r}")
+        check(r["oop_wrong"] == 0 and r["ip_wrong"] == 0, f"wrong results {r}")
+    check(test["out_of_bounds"] == 0 and test["out_of_bounds_ok"], "footer")
+    check(proc.stderr == "", f"stderr: {proc.stderr!r}")
+
+    # -g 2 without a launcher: two ranks, started by weft-perf, as nccl-tests' two GPUs.
+    proc = run_alone(link, ["-b", "1K", "-e", "8K", "-f", "2", "-g", "2", "-n", "2"])
+    strict_lines(proc.stdout, "all_reduce_perf", 2)
+    rows = nccl_log.parse(proc.stdout)
+    check(len(rows) == 4 and all(r["oop_wrong"] == 0 == r["ip_wrong"] for r in rows), f"{rows}")
+
+    # Under weftrun: read as is (no "[0]: " prefix), long forms, ignored flags, -c N, CSV.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "out.csv")
+        proc = run(weftrun, link, 2, ["--minbytes=1K", "--maxbytes", "4K", "--stepfactor=2",
+                                      "--iters=2", "--check=3", "-G", "1", "-t", "1",
+                                      "--ngpus=1", "-w1", "--csv=" + path])
+        with open(path) as f:
+            table = list(csv.DictReader(f))
+    strict_lines(proc.stdout, "all_reduce_perf", 2)
+    check("# all_reduce_perf: -G 1 ignored: CUDA graph launches: weft's collectives run on the "
+          "CPU, without graphs" in proc.stdout.splitlines(), f"no -G note:\n{proc.stdout}")
+    check("validation: 3 graph: 0" in proc.stdout, "-c 3 in the header")
+    rows = nccl_log.parse(proc.stdout)
+    check([r["size"] for r in rows] == [1024, 2048, 4096], f"{rows}")
+    check(len(table) == len(rows), f"CSV has {len(table)} rows, text {len(rows)}")
+    for r, c in zip(rows, table):
+        check(c["collective"] == "all_reduce" and int(c["size"]) == r["size"] and
+              int(c["count"]) == r["count"] and c["type"] == r["type"] and
+              int(c["oop_wrong"]) == r["oop_wrong"] and int(c["ip_wrong"]) == r["ip_wrong"],
+              f"CSV {c} vs text {r}")
+        check(abs(float(c["oop_time_us"]) - r["oop_time_us"]) <= 0.01 + 1e-3 * r["oop_time_us"],
+              f"CSV time {c} vs {r}")
+    # -c N stops at the first check iteration with wrong elements and reports its count.
+    proc = run(weftrun, link, 2, ["-b", "1K", "-e", "1K", "-c", "4", "--corrupt-one-element"],
+               expect_ok=False)
+    (r,) = nccl_log.parse(proc.stdout)
+    check(proc.returncode == 1 and r["oop_wrong"] == 1 and r["ip_wrong"] == 1, f"-c 4: {r}")
+
+    # The other links pick their collective from their name.
+    proc = run(weftrun, os.path.join(links, "alltoall_perf"), 2, ["-b", "1K", "-e", "2K", "-f",
+                                                                  "2", "-n", "2"])
+    strict_lines(proc.stdout, "alltoall_perf", 2)
+    (test,) = nccl_log.summary(proc.stdout)
+    check(test["collective"] == "alltoall" and len(test["rows"]) == 2 and
+          all(r["oop_wrong"] == 0 == r["ip_wrong"] for r in test["rows"]), f"{test}")
+    proc = run(weftrun, os.path.join(links, "hypercube_perf"), 4, ["-b", "1K", "-e", "4K", "-f",
+                                                                   "2", "-n", "2"])
+    strict_lines(proc.stdout, "hypercube_perf", 4)
+    for m in blocks(proc.stdout)["hypercube"]:
+        check(m.group(9) == "0" and m.group(13) == "0", f"hypercube wrong: {m.group(0)}")
+        size, t, alg, bus = int(m.group(1)), float(m.group(6)), float(m.group(7)), float(m.group(8))
+        # nccl-tests: algbw = count x width x (n-1) / time = size x 3/4 / time; busbw = algbw.
+        check(alg == bus and abs(alg - size * 0.75 / (t * 1e-6) / 1e9) <= 0.01 + 0.01 * alg,
+              f"hypercube bandwidth {m.group(0)}")
+    proc = run(weftrun, os.path.join(links, "hypercube_perf"), 3, ["-b", "1K", "-e", "1K"])
+    check("# nRanks 3 is not a power of 2, skipping" in proc.stdout, proc.stdout)
+
+    # Ranks that disagree about the dtype at one byte size (float against int32): a Desync that
+    # says what to do, never #wrong counts of garbage (the call fingerprint in every tag).
+    cmd = [weftrun, "--nproc-per-node", "2", "--standalone", "/bin/sh", "-c",
+           'if [ "$RANK" = 0 ]; then t=float; else t=int32; fi; '
+           f'exec "{link}" -b 1K -e 1K -n 1 -w 0 -d $t']
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    check(proc.returncode == 1, f"dtype disagreement exited {proc.returncode}:\n{out}")
+    check(nccl_log.parse(proc.stdout) == [], f"a result line from mismatched ranks:\n{out}")
+    check("Desync: " in out and "called this collective with different arguments" in out and
+          "rerun with WEFT_DEBUG=detail" in out, f"no Desync that says what to do:\n{out}")
+
+    # A usage error, once for the job, not once per rank.
+    proc = run(weftrun, link, 3, ["-b", "lots"], expect_ok=False)
+    check(proc.returncode == 2, f"exit {proc.returncode}")
+    said = (proc.stdout + proc.stderr).count("all_reduce_perf: not a size: lots")
+    check(said == 1, f"the usage error is printed {said} times:\n{proc.stderr}")
+
+
 def main():
     if len(sys.argv) < 4:
         print(__doc__)
@@ -219,7 +345,7 @@ def main():
     schema = sys.argv[4] if len(sys.argv) > 4 else ""
     try:
         {"golden": case_golden, "parse": case_parse, "corrupt": case_corrupt,
-         "json": case_json}[case](weftrun, perf, schema)
+         "json": case_json, "nccl": case_nccl}[case](weftrun, perf, schema)
     except Failure as e:
         print(f"FAILED: {e}")
         return 1
