@@ -17,16 +17,20 @@ if nm -D "$libweft" | awk '{print $NF}' | grep -E "$ucx_symbols"; then
   echo "FAIL: $libweft defines or needs UCX symbols (nm -D above)"
   fail=1
 fi
-if ! ldd "$module" | grep -qE "$ucx_libs"; then
+# Read each listing whole first: `grep -q` stops at the first match, and under pipefail the
+# writer's SIGPIPE would fail the pipeline although the match was found.
+module_deps=$(ldd "$module")
+module_undefined=$(nm -D --undefined-only "$module" | awk '{print $NF}')
+if ! grep -qE "$ucx_libs" <<<"$module_deps"; then
   echo "FAIL: $module does not depend on UCX: the ldd check above cannot be trusted"
   ldd "$module"
   fail=1
 fi
-if ! nm -D --undefined-only "$module" | awk '{print $NF}' | grep -qE "$ucx_symbols"; then
+if ! grep -qE "$ucx_symbols" <<<"$module_undefined"; then
   echo "FAIL: $module needs no UCX symbol: the nm check above cannot be trusted"
   fail=1
 fi
-if ! ldd "$module" | grep -q "libweft.so"; then
+if ! grep -q "libweft.so" <<<"$module_deps"; then
   echo "FAIL: $module does not link libweft (it should use libweft's classes, not copies)"
   fail=1
 fi
