@@ -243,7 +243,10 @@ std::string Registry::load_plugin(const std::string& path) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Entry& known : entries_) {
-      if (known.name == name) return known.name;  // loaded before (or a built-in)
+      if (known.name == name) {  // loaded before (or a built-in): this table is not needed
+        delete loaded.plugin;
+        return known.name;
+      }
     }
   }
   add(entry_for(loaded));
@@ -268,7 +271,10 @@ Registry::Entry Registry::resolve(std::string_view name) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         for (const Entry& known : entries_) {
-          if (known.name == name) return known;  // another thread loaded it meanwhile
+          if (known.name == name) {  // another thread loaded it meanwhile
+            delete loaded.plugin;
+            return known;
+          }
         }
       }
       add(entry_for(loaded));

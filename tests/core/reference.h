@@ -193,7 +193,10 @@ inline void ref_combine(DType dtype, ReduceOp::Kind kind, const void* a, const v
       r = x + y;
       break;
     case ReduceOp::Prod:
-      r = x * y;
+      // In unsigned arithmetic: uint64 max squared overflows a signed __int128 (undefined); the
+      // low bits, all that the dtype keeps, are the same either way.
+      r = static_cast<__int128>(static_cast<unsigned __int128>(x) *
+                                static_cast<unsigned __int128>(y));
       break;
     case ReduceOp::Min:
       r = x < y ? x : y;
