@@ -226,6 +226,26 @@ class ProcessGroupWeft(dist.ProcessGroup):
         self._pending.put(work)
         return work
 
+    # c10d keeps a group's name and description on the backends registered inside a C++
+    # ProcessGroup; a ProcessGroup written in Python has none, so its getters would fail ("ProcessGroup
+    # name not set": DeviceMesh, hence FSDP2, reads group_name). Keep them here instead.
+    def _set_group_name(self, name):
+        self._weft_group_name = name
+
+    @property
+    def group_name(self):
+        try:
+            return self._weft_group_name
+        except AttributeError:
+            raise RuntimeError("ProcessGroup name not set") from None
+
+    def _set_group_desc(self, desc):
+        self._weft_group_desc = desc
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_weft_group_desc", "undefined")
+
     def getBackendName(self):
         return BACKEND_NAME
 
