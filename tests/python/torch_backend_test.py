@@ -139,6 +139,38 @@ if R % 2 == 0:
     dist.all_reduce(t, group=evens)
     expect_equal(t, sum(data(r, n) for r in range(0, N, 2)), "all_reduce on new_group")
 
+# Coalesced calls: batch_isend_irecv, all_reduce_coalesced, and the coalescing manager.
+if N > 1:
+    got = [torch.zeros(n), torch.zeros(n)]
+    ops = [dist.P2POp(dist.isend, data(R, n), (R + 1) % N, tag=7),
+           dist.P2POp(dist.irecv, got[0], (R - 1) % N, tag=7),
+           dist.P2POp(dist.isend, data(R + 50, n), (R - 1) % N, tag=8),
+           dist.P2POp(dist.irecv, got[1], (R + 1) % N, tag=8)]
+    for q in dist.batch_isend_irecv(ops):
+        q.wait()
+    expect_equal(got[0], data((R - 1) % N, n), "batch_isend_irecv from the left")
+    expect_equal(got[1], data((R + 1) % N + 50, n), "batch_isend_irecv from the right")
+ts = [data(R, n), data(R + 3, 2 * n)]
+dist.all_reduce_coalesced(ts)
+expect_equal(ts[0], ranks_sum(n), "all_reduce_coalesced, first tensor")
+expect_equal(ts[1], sum(data(r + 3, 2 * n) for r in range(N)),
+             "all_reduce_coalesced, second tensor")
+outs = [torch.zeros(N * n), torch.zeros(N * 3)]
+with dist._coalescing_manager(async_ops=True) as cm:
+    dist.all_gather_into_tensor(outs[0], data(R, n))
+    dist.all_gather_into_tensor(outs[1], data(R + 7, 3))
+cm.wait()
+expect_equal(outs[0], torch.cat([data(r, n) for r in range(N)]), "coalesced all_gather_into_tensor")
+expect_equal(outs[1], torch.cat([data(r + 7, 3) for r in range(N)]),
+             "coalesced all_gather_into_tensor, second")
+
+# A backend map naming weft for CPU tensors.
+mapped = dist.new_group(backend="cpu:weft")
+assert dist.get_backend(mapped) in ("weft", "cpu:weft"), dist.get_backend(mapped)
+t = data(R, n)
+dist.all_reduce(t, group=mapped)
+expect_equal(t, ranks_sum(n), "all_reduce on a 'cpu:weft' group")
+
 # DDP over weft against DDP over gloo (a gloo group in the same job): the same losses.
 gloo = dist.new_group(backend="gloo")
 
