@@ -52,6 +52,9 @@ namespace weft::collectives {
 
 using Clock = std::chrono::steady_clock;
 
+// The peer of a receive from any source (Transport::recv_any).
+inline constexpr int kAnySource = -1;
+
 // A posted request. Valid until wait() returns or throws for it.
 struct Request {
   uint64_t id = 0;
@@ -80,6 +83,15 @@ class Transport {
   // dtype_size(dtype) bytes with send().
   virtual Request recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op,
                               Tag tag) = 0;
+
+  // Posts a receive of exactly `bytes` bytes with `tag` from whichever peer's message matches
+  // first (c10d's recv from any source). *source becomes that peer when the receive is matched,
+  // before it completes (`source` is borrowed like `data`). A message goes to the earliest posted
+  // of the receives that could take it: one from its peer or one from any source. A peer lost
+  // while the receive is unmatched fails it with Error(PeerLost): that peer may have been the
+  // sender. Transports that cannot (the default) throw Error(Unsupported).
+  virtual Request recv_any(void* data, size_t bytes, Tag tag, int* source);
+  virtual bool supports_recv_any() const { return false; }
 
   // Blocks until the request completes. Throws Error(PeerLost), Error(Timeout) at the deadline,
   // Error(Protocol) on a size mismatch, Error(Aborted) after abort(). The request is finished

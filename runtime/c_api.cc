@@ -537,12 +537,37 @@ weft_result_t weft_recv(weft_group_t* group, void* buf, size_t count, weft_dtype
   });
 }
 
+weft_result_t weft_recv_any(weft_group_t* group, void* buf, size_t count, weft_dtype_t dtype,
+                            uint64_t tag, int32_t* source, weft_work_t** work) {
+  if (source != nullptr) *source = -1;
+  std::shared_ptr<weft::Work> posted;
+  const weft_result_t result = weft::issue("weft_recv_any", group, work, [&](ProcessGroup& pg) {
+    CallCheck check(pg, "recv");
+    const DType type = check.dtype(dtype);
+    check.buffer(buf, count, type, "buf");
+    posted = pg.recv_any(weft::view(buf, count, type), tag);
+    return posted;
+  });
+  if (result == WEFT_SUCCESS && work == nullptr && source != nullptr) {
+    *source = posted->source_rank();
+  }
+  return result;
+}
+
 // ---- Work handles.
 
 weft_result_t weft_work_wait(weft_work_t* work, int64_t timeout_ms) {
   return weft::guarded("weft_work_wait", [&] {
     const weft::Work& w = weft::work_of(work, "weft_work_wait");
     w.wait(timeout_ms < 0 ? weft::Work::kDefaultTimeout : std::chrono::milliseconds(timeout_ms));
+  });
+}
+
+weft_result_t weft_work_source_rank(weft_work_t* work, int32_t* source) {
+  return weft::guarded("weft_work_source_rank", [&] {
+    const weft::Work& w = weft::work_of(work, "weft_work_source_rank");
+    weft::require(source, "weft_work_source_rank", "source");
+    *source = w.source_rank();
   });
 }
 

@@ -50,7 +50,11 @@ std::string describe_call(const Collective& c, DType dtype, size_t count) {
       text += fmt::format(", to {} tag {}", c.peer, c.tag);
       break;
     case CollectiveKind::Recv:
-      text += fmt::format(", from {} tag {}", c.peer, c.tag);
+      if (c.peer == kAnySource) {
+        text += fmt::format(", from any rank tag {}", c.tag);
+      } else {
+        text += fmt::format(", from {} tag {}", c.peer, c.tag);
+      }
       break;
     default:
       break;
@@ -153,6 +157,20 @@ std::shared_ptr<Work> submit(ProcessGroup::State& s, Collective c, Epilogue epil
   // cuda tensors" is a refusal like any other.
   Backend* backend = nullptr;
   if (!s.coalescing && !s.aborted) backend = &s.backend_for(device.kind, s.context(op, s.seq + 1));
+  std::shared_ptr<const int> source = c.source;  // a receive from any source reports its sender
+  if (c.kind == CollectiveKind::Recv && c.peer == kAnySource) {
+    if (s.coalescing) {
+      throw Error(ErrorCode::InvalidArgument, s.context(op, 0),
+                  "a receive from any source cannot be part of a coalesced unit (which rank's "
+                  "message it takes would depend on the order the unit posts its operations)");
+    }
+    if (backend != nullptr && !backend->supports_recv_any()) {
+      throw Error(ErrorCode::Unsupported, s.context(op, 0),
+                  fmt::format("backend \"{}\" cannot receive from any source here (recv from a "
+                              "given rank works)",
+                              backend->name()));
+    }
+  }
   if (!p2p) c.seq = ++s.seq;
   ErrorContext context = s.context(op, c.seq, describe_call(c, dtype, call_elements(c)));
   if (s.aborted) {
@@ -170,8 +188,9 @@ std::shared_ptr<Work> submit(ProcessGroup::State& s, Collective c, Epilogue epil
   }
   if (s.debug_detail && !p2p) check_fingerprints(s, c, dtype, context);
   std::shared_ptr<Work> work = backend->post(std::move(c), context);
-  if (!epilogue) return work;
-  return chain(work, context, s.timeout, std::move(epilogue));
+  if (epilogue) work = chain(work, context, s.timeout, std::move(epilogue));
+  if (source) work->set_source(std::move(source));
+  return work;
 }
 
 ProcessGroup::ProcessGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}

@@ -373,4 +373,19 @@ std::shared_ptr<Work> ProcessGroup::recv(Tensor tensor, int src, uint64_t tag) {
   return submit(*state_, std::move(c));
 }
 
+std::shared_ptr<Work> ProcessGroup::recv_any(Tensor tensor, uint64_t tag) {
+  ArgumentChecker check(*state_, "recv");
+  if (tag > kMaxTag) check.fail(fmt::format("tag {} is above the largest, {}", tag, kMaxTag));
+  check.tensor(tensor, "tensor");
+  if (size() == 1)
+    check.fail("a receive from any source needs another rank, and this group has one");
+  Collective c;
+  c.kind = CollectiveKind::Recv;
+  c.outputs = {tensor};
+  c.peer = kAnySource;
+  c.tag = tag;
+  c.source = std::make_shared<int>(-1);
+  return submit(*state_, std::move(c));
+}
+
 }  // namespace weft

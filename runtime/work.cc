@@ -72,6 +72,13 @@ bool Work::is_success() const {
   return state_ == State::Succeeded;
 }
 
+int Work::source_rank() const {
+  // Succeeded is set under the mutex after the backend wrote the rank: reading it after
+  // is_success() sees the write.
+  if (source_ == nullptr || !is_success()) return -1;
+  return *source_;
+}
+
 std::exception_ptr Work::exception() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_;

@@ -138,6 +138,10 @@ collectives::Request post_point_to_point(collectives::Transport& transport, cons
     return transport.send(c.peer, c.inputs.at(0).data, c.inputs[0].nbytes(),
                           collectives::point_to_point_tag(c.tag));
   }
+  if (c.peer == kAnySource) {
+    return transport.recv_any(c.outputs.at(0).data, c.outputs[0].nbytes(),
+                              collectives::point_to_point_tag(c.tag), c.source.get());
+  }
   return transport.recv(c.peer, c.outputs.at(0).data, c.outputs[0].nbytes(),
                         collectives::point_to_point_tag(c.tag));
 }

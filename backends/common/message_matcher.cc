@@ -84,9 +84,19 @@ Error MessageMatcher::timeout_error(const Op& op) const {
       op.kind == OpKind::Send
           ? fmt::format("send to rank {} ({}) still has {} of {} bytes to write", op.peer,
                         tag_text(op.tag), op.bytes - op.done, op.bytes)
+      : op.peer == collectives::kAnySource
+          ? fmt::format("no message from any rank ({}, {} bytes expected)", tag_text(op.tag),
+                        op.bytes)
           : fmt::format("nothing complete from rank {} ({}): {} of {} bytes outstanding", op.peer,
                         tag_text(op.tag), op.bytes - op.done, op.bytes);
   return error(ErrorCode::Timeout, op_name(op.kind), detail);
+}
+
+Error MessageMatcher::any_source_lost(const Op& op, const PeerQueues& peer) const {
+  return error(ErrorCode::PeerLost, op_name(op.kind),
+               fmt::format("rank {} {}, and this receive from any source ({}) may have been "
+                           "waiting for it",
+                           peer.rank, peer.lost_reason, tag_text(op.tag)));
 }
 
 void MessageMatcher::sent(PeerQueues& peer, Op& op) {
@@ -148,6 +158,21 @@ std::optional<MessageMatcher::SingleCopyMatch> MessageMatcher::match_posted_recv
 Op* MessageMatcher::take_posted_recv(PeerQueues& peer, Tag tag, uint64_t bytes) {
   auto posted = std::find_if(peer.recvs.begin(), peer.recvs.end(),
                              [&](const Op* op) { return op->tag == tag; });
+  // A receive from any source posted before the first one from this peer takes the message.
+  auto any = std::find_if(any_recvs_.begin(), any_recvs_.end(),
+                          [&](const Op* op) { return op->tag == tag; });
+  if (any != any_recvs_.end() && (posted == peer.recvs.end() || (*any)->id < (*posted)->id)) {
+    Op& op = **any;
+    any_recvs_.erase(any);
+    bind(op, peer);
+    if (op.bytes != bytes) {
+      fail(op, error(ErrorCode::Protocol, op_name(op.kind),
+                     fmt::format("rank {} sent {} bytes with {} but this receive from any source "
+                                 "expects {} bytes",
+                                 peer.rank, bytes, tag_text(tag), op.bytes)));
+    }
+    return &op;
+  }
   if (posted == peer.recvs.end()) {
     // Not posted yet, or posted for a different call of the same collective step: the latter
     // fails now (its payload is discarded) rather than at the timeout.
@@ -259,6 +284,8 @@ void MessageMatcher::fail_peer(PeerQueues& peer, const std::string& why) {
   };
   for (Op* op : peer.sends) lost(*op);
   for (Op* op : peer.recvs) lost(*op);
+  for (Op* op : any_recvs_) fail(*op, any_source_lost(*op, peer));
+  any_recvs_.clear();
   if (peer.in_op != nullptr) lost(*peer.in_op);
   peer.sends.clear();
   peer.recvs.clear();
@@ -293,6 +320,7 @@ bool MessageMatcher::handle_abort() {
   for (auto& [id, op] : ops_) {
     if (!op->finished) fail(*op, error(ErrorCode::Aborted, op_name(op->kind), reason));
   }
+  any_recvs_.clear();
   return true;
 }
 

@@ -12,6 +12,11 @@
 //   (match_posted_recv) takes the first buffered message with its tag. A size mismatch fails the
 //   receive with Error(Protocol); the message is discarded. A message whose tag differs from the
 //   receive's only in the call fingerprint (tag.h) fails it with Error(Desync) the same way.
+// - Any source: a receive posted with peer collectives::kAnySource (bind_any_source) takes the
+//   first message with its tag already buffered or paused at any peer, or else waits in a queue
+//   of its own; an arriving message goes to the earliest posted of the receives that could take
+//   it (one from its peer, or one from any source), and binds an any-source one to its peer.
+//   A lost peer fails every unbound any-source receive (it may have been the sender).
 // - Failure: a deadline passed (settle) throws Error(Timeout) naming peer, tag and bytes
 //   outstanding and withdraws the request so the stream stays consistent (a send already partly
 //   written is finished from a copy, an orphan; the rest of a receive already partly read is
@@ -29,9 +34,11 @@
 // mark_aborted(), which any thread may call.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -112,6 +119,32 @@ class MessageMatcher {
   // Picks where the payload of peer.in_header goes (a receive, a pooled buffer, or nowhere after
   // a size mismatch), or pauses the peer; returns false when paused.
   bool start_payload(PeerQueues& peer);
+  // A receive from any source (op.peer == kAnySource, op.source set): binds it to the first
+  // peer, in rank order, holding a buffered or paused message with its tag and returns that
+  // peer, for the transport to match it there as a receive from that peer; or returns null,
+  // with op queued until a message with its tag arrives (or failed, when a peer is lost).
+  // `peers` is the transport's peer table (null entries are skipped).
+  template <class PeerTable>
+  PeerQueues* bind_any_source(Op& op, PeerTable& peers) {
+    for (auto& p : peers) {
+      if (p && p->lost) {
+        fail(op, any_source_lost(op, *p));
+        return nullptr;
+      }
+    }
+    for (auto& p : peers) {
+      if (!p) continue;
+      PeerQueues& peer = *p;
+      const bool buffered = std::any_of(peer.unexpected.begin(), peer.unexpected.end(),
+                                        [&](const Unexpected& u) { return u.tag == op.tag; });
+      if (buffered || (peer.in_state == InState::Paused && peer.in_header.tag == op.tag)) {
+        bind(op, peer);
+        return &peer;
+      }
+    }
+    any_recvs_.push_back(&op);
+    return nullptr;
+  }
   // Takes the first posted receive from peer with `tag`, or null. One whose size is not `bytes`
   // is failed with Error(Protocol) (and returned, finished). Without one, a receive whose tag
   // differs only in its call fingerprint (collectives/tag.h: the ranks called this collective
@@ -133,6 +166,8 @@ class MessageMatcher {
   // ---- Failure.
   // Withdraws a pending op after its wait() timed out, keeping the byte stream consistent.
   void withdraw(PeerQueues& peer, Op& op);
+  // The same for a receive from any source not bound to a peer yet (op.peer == kAnySource).
+  void withdraw_unbound(Op& op) { std::erase(any_recvs_, &op); }
   // What an aborting transport sends each peer just before it hangs up (out of band: TCP urgent
   // data, a byte on the shared-memory control socket), so that a peer can say the rank aborted
   // rather than that it exited or crashed, and the `why` it then reports.
@@ -154,6 +189,11 @@ class MessageMatcher {
 
  private:
   Error timeout_error(const Op& op) const;
+  Error any_source_lost(const Op& op, const PeerQueues& peer) const;
+  void bind(Op& op, PeerQueues& peer) {
+    op.peer = peer.rank;
+    if (op.source != nullptr) *op.source = peer.rank;
+  }
   void finish(Op& op);
   void forget(const Op& op) { ops_.erase(op.id); }
 
@@ -162,6 +202,7 @@ class MessageMatcher {
   const Options options_;
   std::string names_[3];
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // live requests by id
+  std::deque<Op*> any_recvs_;  // receives from any source not bound yet, in posting order
   uint64_t next_id_ = 1;
   UnexpectedPool pool_;
 

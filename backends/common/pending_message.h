@@ -56,6 +56,10 @@ struct Op {
   uint8_t carry[8] = {};
   size_t carry_len = 0;
 
+  // A receive from any source (posted with peer kAnySource): where the peer it matched is
+  // written, the moment it is bound to one (peer is then that rank).
+  int* source = nullptr;
+
   bool finished = false;
   std::optional<Error> error;  // set when finished with a failure
   std::vector<uint8_t> owned;  // an orphaned send's copy of its unwritten payload

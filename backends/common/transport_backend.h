@@ -55,6 +55,7 @@ class TransportBackend final : public Backend {
   std::shared_ptr<Work> post_coalesced(std::vector<Collective> collectives,
                                        ErrorContext context) override;
   void abort(const std::string& reason) override;
+  bool supports_recv_any() const override { return transport_ && transport_->supports_recv_any(); }
 
  private:
   // Runs one collective on the progress thread; throws weft::Error.

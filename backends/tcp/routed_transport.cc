@@ -118,6 +118,19 @@ Request RoutedTransport::recv(int peer, void* data, size_t bytes, Tag tag) {
   return wrap(&t == shm_.get() ? kShm : kTcp, t.recv(peer, data, bytes, tag));
 }
 
+Request RoutedTransport::recv_any(void* data, size_t bytes, Tag tag, int* source) {
+  if (shm_ && tcp_) {
+    throw_error(ErrorCode::Unsupported, "routed transport recv from any source",
+                "this group reaches some peers through shared memory and others over TCP (ranks "
+                "on several hosts); a receive from any source needs one transport: set WEFT_SHM=0 "
+                "to use TCP for every peer");
+  }
+  if (shm_) return wrap(kShm, shm_->recv_any(data, bytes, tag, source));
+  if (tcp_) return wrap(kTcp, tcp_->recv_any(data, bytes, tag, source));
+  throw_error(ErrorCode::InvalidArgument, "routed transport recv from any source",
+              "this rank has no peers");
+}
+
 Request RoutedTransport::recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op,
                                      Tag tag) {
   Transport& t = route(peer, "receive from");

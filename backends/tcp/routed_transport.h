@@ -70,6 +70,11 @@ class RoutedTransport final : public collectives::Transport {
   collectives::Request send(int peer, const void* data, size_t bytes,
                             collectives::Tag tag) override;
   collectives::Request recv(int peer, void* data, size_t bytes, collectives::Tag tag) override;
+  // Over one transport (every peer on shared memory, or every peer over TCP) only: a receive
+  // from any source over both would have to be withdrawn from one the moment the other matched.
+  collectives::Request recv_any(void* data, size_t bytes, collectives::Tag tag,
+                                int* source) override;
+  bool supports_recv_any() const override { return !(shm_ && tcp_); }
   collectives::Request recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op,
                                    collectives::Tag tag) override;
   void wait(collectives::Request request, collectives::Clock::time_point deadline) override;

@@ -77,6 +77,10 @@ void ShmTransport::lose_peer(Peer& peer, const std::string& hang_up) {
 }
 
 void ShmTransport::withdraw(Op& op) {
+  if (op.peer == collectives::kAnySource) {
+    matcher_.withdraw_unbound(op);
+    return;
+  }
   Peer& peer = *peers_[op.peer];
   if (op.kind == OpKind::Send) {
     // A single-copy send whose descriptor went out: the peer may read the caller's buffer at any

@@ -119,6 +119,9 @@ class TcpTransport final : public collectives::Transport {
   collectives::Request send(int peer, const void* data, size_t bytes,
                             collectives::Tag tag) override;
   collectives::Request recv(int peer, void* data, size_t bytes, collectives::Tag tag) override;
+  collectives::Request recv_any(void* data, size_t bytes, collectives::Tag tag,
+                                int* source) override;
+  bool supports_recv_any() const override { return true; }
   collectives::Request recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op,
                                    collectives::Tag tag) override;
 

@@ -36,7 +36,13 @@ void TcpTransport::take_abort_marker(Peer& peer) {
   }
 }
 
-void TcpTransport::withdraw(Op& op) { matcher_.withdraw(*peers_[op.peer], op); }
+void TcpTransport::withdraw(Op& op) {
+  if (op.peer == collectives::kAnySource) {
+    matcher_.withdraw_unbound(op);
+    return;
+  }
+  matcher_.withdraw(*peers_[op.peer], op);
+}
 
 void TcpTransport::abort(const std::string& reason) {
   if (!matcher_.mark_aborted(reason)) return;

@@ -34,6 +34,7 @@ enum Kind : int { kSend = 0, kRecv = 1, kRecvReduce = 2 };
 
 constexpr int kRankShift = 47;
 constexpr uint64_t kLowMask = (uint64_t{1} << kRankShift) - 1;
+constexpr uint64_t kRankMask = (uint64_t{1} << (63 - kRankShift)) - 1;  // the sender's bits
 constexpr int kStepBitsKept = 18;  // four phases of kStepsPerPhase steps
 constexpr int kSeqBitsKept = 28;
 // The hang-up message's tag: all ones, whose rank field (65535) is no sender's.
@@ -125,6 +126,7 @@ struct UcxTransport::Op {
   bool reported = false;    // wait() returned or threw
   // Why it failed, in the words of the failure; finish() puts this rank's context in front.
   std::optional<std::pair<ErrorCode, std::string>> error;
+  int* source = nullptr;  // recv_any: where the sender's rank goes
   // recv_reduce
   void* dst = nullptr;
   size_t count = 0;
@@ -173,6 +175,10 @@ static void weft_ucx_recv_done(void* request, ucs_status_t status, const ucp_tag
   auto& op = *static_cast<UcxTransport::Op*>(user_data);
   if (!op.finished) {
     op.finished = true;
+    if (op.peer == collectives::kAnySource && status == UCS_OK) {
+      op.peer = static_cast<int>((info->sender_tag >> kRankShift) & kRankMask);
+      if (op.source != nullptr) *op.source = op.peer;
+    }
     if (status == UCS_OK && info->length != op.bytes) {
       op.error.emplace(ErrorCode::Protocol,
                        fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
@@ -396,7 +402,8 @@ UcxTransport::Staging UcxTransport::take_staging(size_t bytes) {
 }
 
 UcxTransport::Op& UcxTransport::post(int peer, int kind, Tag tag, size_t bytes) {
-  WEFT_CHECK(peer >= 0 && peer < size_ && peer != rank_);
+  WEFT_CHECK((peer >= 0 && peer < size_ && peer != rank_) ||
+             (peer == collectives::kAnySource && kind == kRecv));
   auto owned = std::make_unique<Op>();
   Op& op = *owned;
   op.transport = this;
@@ -410,6 +417,16 @@ UcxTransport::Op& UcxTransport::post(int peer, int kind, Tag tag, size_t bytes) 
     std::lock_guard<std::mutex> lock(reason_mutex_);
     op.finished = true;
     op.error.emplace(ErrorCode::Aborted, abort_reason_);
+  } else if (peer == collectives::kAnySource) {
+    for (int r = 0; r < size_; ++r) {
+      if (lost_[r].empty()) continue;
+      op.finished = true;
+      op.error.emplace(ErrorCode::PeerLost,
+                       fmt::format("rank {} {}, and this receive from any source may have been "
+                                   "waiting for it",
+                                   r, lost_[r]));
+      break;
+    }
   } else if (!lost_[peer].empty()) {
     op.finished = true;
     op.error.emplace(ErrorCode::PeerLost, fmt::format("rank {} {}", peer, lost_[peer]));
@@ -468,6 +485,32 @@ Request UcxTransport::recv(int peer, void* data, size_t bytes, Tag tag) {
     op.error.emplace(ErrorCode::Io,
                      fmt::format("receive from rank {} ({}, {} bytes): {}", peer, tag_text(tag),
                                  bytes, status_text(UCS_PTR_STATUS(request))));
+  } else {
+    op.request = request;
+  }
+  return Request{op.id};
+}
+
+Request UcxTransport::recv_any(void* data, size_t bytes, Tag tag, int* source) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Op& op = post(collectives::kAnySource, kRecv, tag, bytes);
+  if (op.finished) return Request{op.id};
+  op.source = source;
+  op.ucx_done = false;
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.cb.recv = weft_ucx_recv_done;
+  param.user_data = &op;
+  // Every sender's bits masked out: the first message with the tag from any rank matches.
+  void* request = ucp_tag_recv_nbx(worker_, data, bytes, ucp_tag_of(tag, 0),
+                                   ~(kRankMask << kRankShift), &param);
+  if (UCS_PTR_IS_ERR(request)) {
+    op.ucx_done = true;
+    op.finished = true;
+    op.error.emplace(ErrorCode::Io,
+                     fmt::format("receive from any rank ({}, {} bytes): {}", tag_text(tag), bytes,
+                                 status_text(UCS_PTR_STATUS(request))));
   } else {
     op.request = request;
   }
@@ -601,7 +644,8 @@ void UcxTransport::lose_peer(int peer, const std::string& why) {
   WEFT_LOG_DEBUG("rank {}/{} group \"{}\" ucx: rank {} {}", rank_, size_, options_.group_name, peer,
                  why);
   for (auto& [id, op] : ops_) {
-    if (op->peer != peer || op->finished) continue;
+    // An unmatched receive from any source fails too: the lost rank may have been its sender.
+    if ((op->peer != peer && op->peer != collectives::kAnySource) || op->finished) continue;
     op->finished = true;
     op->error.emplace(ErrorCode::PeerLost, fmt::format("rank {} {} ({}, {} bytes)", peer, why,
                                                        tag_text(op->tag), op->bytes));

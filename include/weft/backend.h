@@ -71,6 +71,9 @@ std::string_view collective_name(CollectiveKind kind);
 // for AllGather/Gather, y at rank's block of x for ReduceScatter/Scatter, y == x for AllToAll.
 // Buffers otherwise do not overlap. (List forms in the group's API are turned into these: the group
 // stages through its own buffers when a list is not already one contiguous tensor.)
+// Collective::peer of a Recv that takes the first message with its tag from any rank.
+inline constexpr int kAnySource = -1;
+
 struct Collective {
   CollectiveKind kind = CollectiveKind::Barrier;
   // The group's sequence number of this collective: the same on every rank, so backends key
@@ -80,8 +83,11 @@ struct Collective {
   std::vector<Tensor> outputs;
   ReduceOp op = ReduceOp::Sum;
   int root = 0;
-  int peer = 0;
+  int peer = 0;  // Send/Recv: the other rank; Recv: kAnySource for a receive from any source
   uint64_t tag = 0;
+  // Recv from kAnySource: where the backend writes the rank it received from, before the Work
+  // completes (Backend::supports_recv_any() says whether it can).
+  std::shared_ptr<int> source;
   // AllGather/ReduceScatter: elements per rank (equal blocks are P equal entries).
   std::vector<size_t> counts;
   // AllToAll: elements sent to / received from each rank.
@@ -129,6 +135,9 @@ class Backend {
   // the first error); backends that can fuse or overlap them override it.
   virtual std::shared_ptr<Work> post_coalesced(std::vector<Collective> collectives,
                                                ErrorContext context);
+
+  // Whether a Recv from kAnySource works here. The group refuses it, Unsupported, where not.
+  virtual bool supports_recv_any() const { return false; }
 
   // Fails every pending and later operation with Error(Aborted) carrying `reason` and unblocks
   // the one running, in bounded time. Safe from any thread; only the first call has an effect.

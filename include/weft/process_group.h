@@ -218,6 +218,14 @@ class ProcessGroup {
   // InvalidArgument; abort() fails the unmatched ones with Aborted.
   std::shared_ptr<Work> send(Tensor tensor, int dst, uint64_t tag = 0);
   std::shared_ptr<Work> recv(Tensor tensor, int src, uint64_t tag = 0);
+  // c10d's recv with src=None: receives the first send with `tag` that reaches this rank from
+  // any other rank (not from itself); the Work's source_rank() names the sender once it has
+  // succeeded. Against receives from a given rank, a message goes to the earliest posted that
+  // could take it. A rank lost while it waits fails it (PeerLost): that rank may have been the
+  // sender. Backends that cannot refuse it, Unsupported (Backend::supports_recv_any(): tcp does,
+  // except in a group that mixes shared memory and TCP, ucx does, plugins do not), and so does a
+  // coalesced unit (InvalidArgument).
+  std::shared_ptr<Work> recv_any(Tensor tensor, uint64_t tag = 0);
 
   // c10d's batch_isend_irecv: the sends and receives posted as one coalesced unit (every rank's
   // pairs match, in any order inside the unit); one Work per op, each completing with the unit.

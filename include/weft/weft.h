@@ -242,6 +242,14 @@ weft_result_t weft_send(weft_group_t* group, const void* buf, size_t count, weft
 weft_result_t weft_recv(weft_group_t* group, void* buf, size_t count, weft_dtype_t dtype,
                         int32_t peer, uint64_t tag, weft_work_t** work);
 
+/* A receive from any other rank (torch.distributed's recv with src=None): takes the first send
+ * with `tag` that reaches this rank. Synchronous (work == NULL): on success *source (when not
+ * NULL) is the sender's rank. Asynchronous: weft_work_source_rank() names it once the work has
+ * succeeded. WEFT_ERR_UNSUPPORTED where the group's backend cannot (plugins; a tcp group whose
+ * ranks span hosts with shared memory on: WEFT_SHM=0 makes it work). */
+weft_result_t weft_recv_any(weft_group_t* group, void* buf, size_t count, weft_dtype_t dtype,
+                            uint64_t tag, int32_t* source, weft_work_t** work);
+
 /* ---- Work handles. Any thread; several threads may wait on one handle at once. */
 
 /* Blocks until the operation completes, then returns its result (the error it failed with, its
@@ -260,6 +268,10 @@ weft_result_t weft_work_test(weft_work_t* work, int* done);
  * it completes; its result is dropped (destroying or aborting its group bounds how long that
  * takes). NULL is a no-op. Always returns WEFT_SUCCESS. */
 weft_result_t weft_work_free(weft_work_t* work);
+
+/* The rank a succeeded weft_recv_any received from, in *source; -1 while the work is pending,
+ * after a failure, and for every other operation. */
+weft_result_t weft_work_source_rank(weft_work_t* work, int32_t* source);
 
 /* ---- Errors and version. */
 

@@ -116,6 +116,13 @@ class Work {
   // code that composes std futures; wait() is the direct way (and has this Work's timeout).
   std::shared_future<void> get_future();
 
+  // A receive from any source (ProcessGroup::recv_any): the rank whose message it received,
+  // once the Work has succeeded; -1 before that and for every other operation (c10d's
+  // Work._source_rank()).
+  int source_rank() const;
+  // For the group: where the backend writes that rank. Set before the Work is shared.
+  void set_source(std::shared_ptr<const int> source) { source_ = std::move(source); }
+
   // Where this Work's operation runs: rank, group, op and sequence number.
   const ErrorContext& context() const { return context_; }
   // The timeout wait() uses by default (never kDefaultTimeout: resolved at construction).
@@ -166,6 +173,7 @@ class Work {
   std::exception_ptr error_;           // guarded by mutex_; set iff state_ == Failed
   std::vector<Callback> callbacks_;    // guarded by mutex_; emptied at completion
   std::function<void()> wait_helper_;  // set before sharing; read-only after
+  std::shared_ptr<const int> source_;  // set before sharing; read once succeeded
 };
 
 // Waits for every Work in `works`, as if calling wait() on each in order, but against one

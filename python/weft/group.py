@@ -83,6 +83,10 @@ class Work:
         # Under self._lock. Frees the handle, releases the buffers, keeps the result.
         if code != 0:
             self._error = error_for(code, _capi.last_error())
+        elif self.op == "recv_any":  # its result: the rank it received from
+            source = ctypes.c_int32(-1)
+            lib.weft_work_source_rank(self._handle, ctypes.byref(source))
+            self._result = source.value
         lib.weft_work_free(self._handle)
         self._handle = None
         for b in self._borrowed:
@@ -384,12 +388,20 @@ class Group:
         return self._issue("send", lambda w: lib.weft_send(
             h, b.ptr, b.count, b.dtype, peer, tag, w), [b], async_op)
 
-    def recv(self, buf, peer, tag=0, *, dtype=None, async_op=False):
-        """Receives into `buf` from group rank `peer`'s send(.., this rank, tag)."""
+    def recv(self, buf, peer=None, tag=0, *, dtype=None, async_op=False):
+        """Receives into `buf` from group rank `peer`'s send(.., this rank, tag); peer=None takes
+        the first such send from any other rank (torch.distributed's src=None). Returns the
+        sender's rank (async: the work's wait() does)."""
         h = self._h("recv")
         b = self._borrow("recv", buf, "buf", True, dtype)
-        return self._issue("recv", lambda w: lib.weft_recv(
-            h, b.ptr, b.count, b.dtype, peer, tag, w), [b], async_op)
+        if peer is not None:
+            return self._issue("recv", lambda w: lib.weft_recv(
+                h, b.ptr, b.count, b.dtype, peer, tag, w), [b], async_op, then=lambda: peer)
+        source = ctypes.c_int32(-1)
+        work = self._issue("recv_any", lambda w: lib.weft_recv_any(
+            h, b.ptr, b.count, b.dtype, tag, None if w else ctypes.byref(source), w), [b],
+            async_op)
+        return work if async_op else source.value
 
     # ---- Argument checks done here because the C API gets one count for two buffers.
 

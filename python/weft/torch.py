@@ -136,6 +136,14 @@ class WeftWork(dist._Work):
     def is_success(self):
         return self.is_completed() and self._error is None
 
+    def _source_rank(self):
+        """The sender of a receive from any source (c10d's Work._source_rank())."""
+        self.wait()
+        source = getattr(self, "_weft_source", None)
+        if not source:
+            raise RuntimeError("weft: _source_rank() is only for a receive from any source")
+        return source[0]
+
     def exception(self):
         return self._error
 
@@ -446,7 +454,22 @@ class ProcessGroupWeft(dist.ProcessGroup):
         return self._submit(works, tensors, self._chain(backs))
 
     def recv_anysource(self, tensors, tag):
-        raise weft.Unsupported("weft: recv from any source is not supported; name the source rank")
+        """dist.recv(tensor, src=None): the first send with `tag` from any other rank; the work's
+        _source_rank() names the sender."""
+        if len(tensors) != 1:
+            raise ValueError(f"weft: recv from any source takes one tensor, not {len(tensors)}")
+        c, back = self._staged(tensors[0])
+        w = self.weft_group.recv(c, None, tag, async_op=True)
+        source = []
+
+        def after():
+            source.append(w.wait())  # completed by now: the sender's rank, at once
+            if back is not None:
+                back()
+
+        work = self._submit([w], tensors, after)
+        work._weft_source = source
+        return work
 
     def shutdown(self):
         """Ends the completion thread and destroys the weft group (after its issued work)."""

@@ -235,6 +235,29 @@ TEST_CASE("every collective moves the C arguments where the C++ API expects them
     works.push_back(nullptr);
     EXPECT_OK(weft_send(g, outgoing, n, WEFT_INT32, (r + 1) % 3, 5, &works.back()));
     EXPECT_OK(weft_recv(g, incoming, n, WEFT_INT32, (r + 2) % 3, 5, nullptr));
+    // From any source: rank 0 takes ranks 1 and 2's messages, once synchronously (the sender in
+    // *source) and once asynchronously (weft_work_source_rank).
+    int32_t from_any[2][n];
+    int32_t sources[2] = {-1, -1};
+    if (r == 0) {
+      EXPECT_OK(weft_recv_any(g, from_any[0], n, WEFT_INT32, 6, &sources[0], nullptr));
+      weft_work_t* any = nullptr;
+      EXPECT_OK(weft_recv_any(g, from_any[1], n, WEFT_INT32, 6, nullptr, &any));
+      EXPECT_OK(weft_work_wait(any, -1));
+      EXPECT_OK(weft_work_source_rank(any, &sources[1]));
+      EXPECT_OK(weft_work_free(any));
+      RANK_CHECK(sources[0] + sources[1] == 3 && sources[0] * sources[1] == 2,
+                 "recv_any sources {} and {}, expected 1 and 2", sources[0], sources[1]);
+      for (int m = 0; m < 2; ++m) {
+        for (int i = 0; i < n; ++i) {
+          RANK_CHECK(from_any[m][i] == sources[m] * 1000 + i, "recv_any #{} [{}] = {}", m, i,
+                     from_any[m][i]);
+        }
+      }
+    } else {
+      works.push_back(nullptr);
+      EXPECT_OK(weft_send(g, outgoing, n, WEFT_INT32, 0, 6, &works.back()));
+    }
     works.push_back(nullptr);
     EXPECT_OK(weft_barrier(g, &works.back()));
 

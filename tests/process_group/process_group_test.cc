@@ -161,6 +161,104 @@ TEST_CASE("process group: coalesced all_reduces complete together", "[process_gr
   });
 }
 
+// Element i of rank r's message number k: never equal across (r, k).
+int32_t any_value(int r, int k, size_t i) { return r * 100'000'000 + k * 10'000'000 + int32_t(i); }
+
+TEST_CASE("process group: recv_any takes every rank's message once and names its sender",
+          "[process_group][recv_any]") {
+  // Shared memory between the ranks, and TCP between them; small messages and 4 MiB ones (the
+  // shared-memory transport reads those straight from the sender's buffer).
+  for (const char* shm : {"1", "0"}) {
+    for (size_t n : {size_t{3}, size_t{1} << 20}) {
+      DYNAMIC_SECTION("shm " << shm << ", " << n << " elements") {
+        const uint16_t port = test::free_port();
+        test::run_ranks_ok(4, [&](int rank) {
+          auto pg = join(port, rank, 4, {{"shm", shm}});
+          if (rank != 0) {
+            std::vector<int32_t> mine(n);
+            for (int k = 0; k < 2; ++k) {
+              for (size_t i = 0; i < n; ++i) mine[i] = any_value(rank, k, i);
+              pg->send(Tensor::of(mine.data(), n), 0, 7)->wait();
+            }
+            pg->barrier()->wait();
+            return;
+          }
+          // Six messages, two from each of ranks 1..3: each taken once, the two from one rank
+          // in the order it sent them, each with its sender named.
+          std::vector<std::vector<int32_t>> got(6, std::vector<int32_t>(n, -1));
+          std::vector<std::shared_ptr<Work>> works;
+          for (auto& g : got) works.push_back(pg->recv_any(Tensor::of(g.data(), n), 7));
+          wait_all(works);
+          std::vector<int> seen(4, 0);
+          for (size_t m = 0; m < got.size(); ++m) {
+            const int source = works[m]->source_rank();
+            RANK_CHECK(source >= 1 && source <= 3, "message {}: source_rank() {}", m, source);
+            const int k = seen[source]++;
+            RANK_CHECK(k < 2, "message {}: a third message from rank {}", m, source);
+            for (size_t i = 0; i < n; ++i) {
+              RANK_CHECK(got[m][i] == any_value(source, k, i),
+                         "message {} (from rank {}, its #{}) [{}]: {}, expected {}", m, source, k,
+                         i, got[m][i], any_value(source, k, i));
+            }
+          }
+          pg->barrier()->wait();
+        });
+      }
+    }
+  }
+}
+
+TEST_CASE("process group: recv_any refuses what it cannot do, and a wrong size is an error",
+          "[process_group][recv_any]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    auto pg = join(port, rank, 2);
+    std::vector<int32_t> x(20, rank);
+    auto error_of = [](auto&& call) -> Error {
+      try {
+        call();
+      } catch (const Error& e) {
+        return e;
+      }
+      throw std::runtime_error("expected a weft::Error");
+    };
+    // Not inside a coalesced unit.
+    pg->start_coalescing();
+    Error e = error_of([&] { pg->recv_any(Tensor::of(x.data(), 20), 3); });
+    RANK_CHECK(e.code() == ErrorCode::InvalidArgument, "{}", e.what());
+    RANK_CHECK(
+        std::string(e.what()).find("cannot be part of a coalesced unit") != std::string::npos, "{}",
+        e.what());
+    pg->end_coalescing()->wait();
+    // A message of another size fails the receive, naming both sizes and the sender.
+    if (rank == 1) {
+      pg->send(Tensor::of(x.data(), 10), 0, 4)->wait();
+    } else {
+      auto w = pg->recv_any(Tensor::of(x.data(), 20), 4);
+      e = error_of([&] { w->wait(); });
+      RANK_CHECK(e.code() == ErrorCode::Protocol, "{}", e.what());
+      RANK_CHECK(std::string(e.what()).find("rank 1 sent 40 bytes") != std::string::npos &&
+                     std::string(e.what()).find("expects 80 bytes") != std::string::npos &&
+                     std::string(e.what()).find("recv (int32 x 20, from any rank tag 4)") !=
+                         std::string::npos,
+                 "{}", e.what());
+      RANK_CHECK(w->source_rank() == -1, "{}", w->source_rank());
+    }
+  });
+  // A group of one has nobody to receive from.
+  const uint16_t solo = test::free_port();
+  test::run_ranks_ok(1, [&](int rank) {
+    auto pg = join(solo, rank, 1);
+    int32_t v = 0;
+    try {
+      pg->recv_any(Tensor::of(&v, 1), 0);
+      RANK_CHECK(false, "recv_any on a group of one was accepted");
+    } catch (const Error& e) {
+      RANK_CHECK(e.code() == ErrorCode::InvalidArgument, "{}", e.what());
+    }
+  });
+}
+
 TEST_CASE("process group: abort fails pending work with Aborted in bounded time",
           "[process_group]") {
   const uint16_t port = test::free_port();

@@ -194,6 +194,21 @@ if N > 1:
     world.recv(inc, (R - 1) % N, tag=7)
     ws.wait()
     expect_equal(inc, data((R - 1) % N, n, np.float64), "recv from the ring")
+    # From any source (peer=None): rank 0 takes every other rank's message once, the sender
+    # named by the return value (synchronous) or by wait() (async).
+    if R == 0:
+        got = {}
+        for k in range(N - 1):
+            buf = np.zeros(n, np.float64)
+            if k % 2 == 0:
+                src = world.recv(buf, None, tag=11)
+            else:
+                src = world.recv(buf, tag=11, async_op=True).wait()
+            assert src in range(1, N) and src not in got, (src, sorted(got))
+            got[src] = buf
+            expect_equal(buf, data(100 + src, n, np.float64), f"recv from any source ({src})")
+    else:
+        world.send(data(100 + R, n, np.float64), 0, tag=11)
 works = [world.all_reduce(data(R, n, np.int32), weft.SUM, out=np.zeros(n, np.int32),
                           async_op=True) for _ in range(3)]
 outs = [np.zeros(n, np.int64) for _ in range(3)]
@@ -219,7 +234,7 @@ if N > 1:
         waiter.start()
         world.barrier()  # the main thread runs Python and weft while the waiter waits
         waiter.join(60)
-        assert ticks == [None], ticks
+        assert ticks == [1], ticks  # a recv's wait() returns its sender
         expect_equal(got, [1, 2, 3, 4], "recv after a timed-out wait")
     else:
         world.barrier()

@@ -132,6 +132,17 @@ if N > 1:
     for q in reqs:
         q.wait()
     expect_equal(got, data((R - 1) % N, n), "isend/irecv ring")
+    # dist.recv with src=None: from any source, the sender returned.
+    if R == 0:
+        senders = set()
+        for _ in range(N - 1):
+            got = torch.zeros(n)
+            src = dist.recv(got, tag=12)
+            assert src in range(1, N) and src not in senders, (src, senders)
+            senders.add(src)
+            expect_equal(got, data(200 + src, n), f"recv from any source ({src})")
+    else:
+        dist.send(data(200 + R, n), 0, tag=12)
 
 evens = dist.new_group([r for r in range(N) if r % 2 == 0])
 if R % 2 == 0:
