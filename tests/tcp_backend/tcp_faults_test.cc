@@ -103,6 +103,85 @@ TEST_CASE("a wait past its deadline throws Timeout naming peer, tag and bytes ou
   });
 }
 
+TEST_CASE("a receive from any source goes to the earliest posted, times out and sees a loss",
+          "[tcp][multiproc][faults][recv_any]") {
+  TempDir dir;
+  auto results = run_ranks(3, [&](int rank) {
+    TcpRank r = connect_rank(dir.file("store"), rank, 3);
+    TcpTransport& t = *r.transport;
+    const collectives::Tag tag = collectives::point_to_point_tag(5);
+    if (rank == 1) {
+      // Two messages with one tag, sent once rank 0 has posted its receives (then once more).
+      for (int round = 0; round < 2; ++round) {
+        r.store->wait({fmt::format("posted{}", round)}, 20s);
+        auto a = pattern(10 + round, 3000), b = pattern(20 + round, 3000);
+        t.wait(t.send(0, a.data(), a.size(), tag), within(20s));
+        t.wait(t.send(0, b.data(), b.size(), tag), within(20s));
+      }
+      r.store->wait({"late"}, 20s);
+      auto late = pattern(30, 100);
+      t.wait(t.send(0, late.data(), late.size(), tag), within(20s));
+      r.store->wait({"done"}, 20s);
+      return;
+    }
+    if (rank == 2) {
+      r.store->wait({"kill2"}, 20s);
+      raise(SIGKILL);
+    }
+    std::vector<uint8_t> first(3000), second(3000);
+    // Any source posted first: it takes the first message, the receive from rank 1 the second.
+    int source = -1;
+    auto any = t.recv_any(first.data(), first.size(), tag, &source);
+    auto from1 = t.recv(1, second.data(), second.size(), tag);
+    r.store->set("posted0", "1");
+    t.wait(any, within(20s));
+    t.wait(from1, within(20s));
+    RANK_CHECK(source == 1, "source {}", source);
+    check_pattern(first, 10, "any source, posted first");
+    check_pattern(second, 20, "from rank 1, posted second");
+    // The other way round.
+    source = -1;
+    from1 = t.recv(1, first.data(), first.size(), tag);
+    any = t.recv_any(second.data(), second.size(), tag, &source);
+    r.store->set("posted1", "1");
+    t.wait(from1, within(20s));
+    t.wait(any, within(20s));
+    RANK_CHECK(source == 1, "source {}", source);
+    check_pattern(first, 11, "from rank 1, posted first");
+    check_pattern(second, 21, "any source, posted second");
+    // Past its deadline: Timeout saying no message came from any rank, and withdrawn (the late
+    // message goes to the next receive).
+    std::vector<uint8_t> small(100);
+    Error e =
+        wait_for_error(t, t.recv_any(small.data(), small.size(), tag, &source), within(200ms));
+    RANK_CHECK(e.code() == ErrorCode::Timeout, "{}", e.what());
+    RANK_CHECK(contains(e.what(), "no message from any rank"), "{}", e.what());
+    r.store->set("late", "1");
+    source = -1;
+    t.wait(t.recv_any(small.data(), small.size(), tag, &source), within(20s));
+    RANK_CHECK(source == 1, "source {}", source);
+    check_pattern(small, 30, "late message");
+    // A rank lost while one waits fails it, naming that rank.
+    auto orphan = t.recv_any(small.data(), small.size(), tag, &source);
+    r.store->set("kill2", "1");
+    auto start = Clock::now();
+    e = wait_for_error(t, orphan, within(30s));
+    RANK_CHECK(e.code() == ErrorCode::PeerLost, "{}", e.what());
+    RANK_CHECK(contains(e.what(), "rank 2 ") && contains(e.what(), "receive from any source"), "{}",
+               e.what());
+    RANK_CHECK(Clock::now() - start < 5s, "PeerLost took too long");
+    r.store->set("done", "1");
+  });
+  for (const auto& result : results) {
+    INFO(describe_failures({result}));
+    if (result.rank == 2) {
+      CHECK(result.signal == SIGKILL);
+    } else {
+      CHECK(result.exit_code == 0);
+    }
+  }
+}
+
 TEST_CASE("abort from another thread wakes a blocked wait with Aborted and tells the peer",
           "[tcp][multiproc][faults]") {
   TempDir dir;
