@@ -175,7 +175,8 @@ static void weft_ucx_recv_done(void* request, ucs_status_t status, const ucp_tag
   auto& op = *static_cast<UcxTransport::Op*>(user_data);
   if (!op.finished) {
     op.finished = true;
-    if (op.peer == collectives::kAnySource && status == UCS_OK) {
+    if (op.peer == collectives::kAnySource &&
+        (status == UCS_OK || status == UCS_ERR_MESSAGE_TRUNCATED)) {
       op.peer = static_cast<int>((info->sender_tag >> kRankShift) & kRankMask);
       if (op.source != nullptr) *op.source = op.peer;
     }
@@ -836,9 +837,11 @@ void UcxTransport::wait(Request request, Clock::time_point deadline) {
       error(ErrorCode::Timeout, names_[op.kind].c_str(),
             op.kind == kSend ? fmt::format("send to rank {} ({}, {} bytes) not complete", op.peer,
                                            tag_text(op.tag), op.bytes)
-                             : fmt::format("nothing complete from rank {} ({}): {} bytes "
-                                           "outstanding",
-                                           op.peer, tag_text(op.tag), op.bytes));
+            : op.peer == collectives::kAnySource
+                ? fmt::format("no message from any rank ({}): {} bytes expected", tag_text(op.tag),
+                              op.bytes)
+                : fmt::format("nothing complete from rank {} ({}): {} bytes outstanding", op.peer,
+                              tag_text(op.tag), op.bytes));
   op.finished = true;
   if (op.request != nullptr) {
     if (op.kind == kSend) {
