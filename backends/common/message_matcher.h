@@ -44,6 +44,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "weft/error.h"
 
@@ -144,6 +145,17 @@ class MessageMatcher {
     }
     any_recvs_.push_back(&op);
     return nullptr;
+  }
+  // Registers a receive from any source into `data` (*source gets the sender) and binds it as
+  // bind_any_source() does: returns it, and the peer it was bound to (null: queued or failed).
+  template <class PeerTable>
+  std::pair<Op*, PeerQueues*> post_any_source(PeerTable& peers, void* data, size_t bytes,
+                                              collectives::Tag tag, int* source) {
+    Op& op = post(collectives::kAnySource, OpKind::Recv, tag, bytes);
+    if (op.finished) return {&op, nullptr};
+    op.dst = static_cast<uint8_t*>(data);
+    op.source = source;
+    return {&op, bind_any_source(op, peers)};
   }
   // Takes the first posted receive from peer with `tag`, or null. One whose size is not `bytes`
   // is failed with Error(Protocol) (and returned, finished). Without one, a receive whose tag

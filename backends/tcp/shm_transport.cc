@@ -271,14 +271,9 @@ collectives::Request ShmTransport::recv_any(void* data, size_t bytes, Tag tag, i
                          fmt::format("{} bytes is more than one message may carry", bytes));
   }
   handle_abort();
-  Op& op = matcher_.post(collectives::kAnySource, OpKind::Recv, tag, bytes);
-  if (op.finished) return {op.id};
-  op.dst = static_cast<uint8_t*>(data);
-  op.source = source;
-  if (backends::PeerQueues* peer = matcher_.bind_any_source(op, peers_)) {
-    match_posted_recv(static_cast<Peer&>(*peer), op);
-  }
-  return {op.id};
+  auto [op, peer] = matcher_.post_any_source(peers_, data, bytes, tag, source);
+  if (peer != nullptr) match_posted_recv(static_cast<Peer&>(*peer), *op);
+  return {op->id};
 }
 
 collectives::Request ShmTransport::recv_reduce(int peer, void* dst, size_t count, DType dtype,

@@ -139,14 +139,9 @@ collectives::Request TcpTransport::recv(int peer, void* data, size_t bytes, Tag 
 
 collectives::Request TcpTransport::recv_any(void* data, size_t bytes, Tag tag, int* source) {
   handle_abort();
-  Op& op = matcher_.post(collectives::kAnySource, OpKind::Recv, tag, bytes);
-  if (op.finished) return {op.id};
-  op.dst = static_cast<uint8_t*>(data);
-  op.source = source;
-  if (backends::PeerQueues* peer = matcher_.bind_any_source(op, peers_)) {
-    matcher_.match_posted_recv(*peer, op);
-  }
-  return {op.id};
+  auto [op, peer] = matcher_.post_any_source(peers_, data, bytes, tag, source);
+  if (peer != nullptr) matcher_.match_posted_recv(*peer, *op);
+  return {op->id};
 }
 
 collectives::Request TcpTransport::recv_reduce(int peer, void* dst, size_t count, DType dtype,

@@ -308,9 +308,9 @@ TEST_CASE("under a launcher, a tcp:// store at another port than MASTER_PORT is 
     set_env("MASTER_ADDR", "127.0.0.1");
     set_env("MASTER_PORT", std::to_string(agent.port()));
     set_env("TORCHELASTIC_USE_AGENT_STORE", "True");
-    Rendezvous rdzv = rendezvous(
-        {.url = fmt::format("tcp://127.0.0.1:{}?rank={}&world_size=2", own_port, rank),
-         .timeout = seconds(20)});
+    Rendezvous rdzv =
+        rendezvous({.url = fmt::format("tcp://127.0.0.1:{}?rank={}&world_size=2", own_port, rank),
+                    .timeout = seconds(20)});
     RANK_CHECK((rdzv.server != nullptr) == (rank == 0), "rank {}: server {}", rank,
                rdzv.server != nullptr);
     exchange(rdzv);
