@@ -77,6 +77,7 @@ TcpTransport::TcpTransport(int rank, int size, std::vector<net::Socket> sockets,
     peer->socket = std::move(sockets[r]);
     net::set_nonblocking(peer->socket.fd());
     net::set_nodelay(peer->socket.fd());
+    peer->bytes_read = bytes_read_so_far(peer->socket.fd());
     // EPOLLPRI: a peer's abort marker (urgent data), read before the stream passes its mark.
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET;
     ev.data.u64 = static_cast<uint64_t>(r);
@@ -205,6 +206,7 @@ size_t TcpTransport::read_payload(Peer& peer) {
     return 0;
   }
   size_t got = static_cast<size_t>(n);
+  peer.bytes_read += got;
   peer.in_left -= got;
   if (op) {
     op->carry_len = 0;
@@ -234,6 +236,7 @@ bool TcpTransport::pump_reads(Peer& peer) {
                        sizeof(WireHeader) - peer.in_header_got, MSG_DONTWAIT);
     if (n > 0) {
       moved = true;
+      peer.bytes_read += static_cast<uint64_t>(n);
       peer.in_header_got += static_cast<size_t>(n);
       if (peer.in_header_got == sizeof(WireHeader)) on_header(peer);
     } else if (n < 0 && errno == EINTR) {

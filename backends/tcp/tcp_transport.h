@@ -83,6 +83,9 @@ struct TcpPeer : backends::PeerQueues {
   bool writable = true;
   // It sent the abort marker (urgent data, see abort()) before hanging up.
   bool aborted = false;
+  // Bytes this rank has read from the stream: at the hang-up, fewer than the kernel received
+  // means a normal read skipped the marker (see TcpTransport::lose_peer).
+  uint64_t bytes_read = 0;
   size_t in_header_got = 0;  // bytes of in_header read so far
 };
 
@@ -155,6 +158,13 @@ class TcpTransport final : public collectives::Transport {
   // Reads a pending urgent byte; sets peer.aborted when it is the abort marker. It must be read
   // before a normal read passes its place in the stream, which discards it.
   void take_abort_marker(Peer& peer);
+  // At the hang-up: whether the kernel received bytes that no read returned, which can only be
+  // the marker skipped by a normal read that started at it (Linux then forgets urgent data).
+  bool skipped_abort_marker(const Peer& peer) const;
+  // What the set-up read from a connection (its handshake): the kernel's count of bytes received
+  // less those still unread, taken in the order that can only overstate it (a marker skipped
+  // then goes unnoticed, as before, rather than a plain hang-up reading as an abort).
+  static uint64_t bytes_read_so_far(int fd);
   // Withdraws a pending op after its wait() timed out, keeping the byte stream consistent.
   void withdraw(Op& op);
   void handle_abort();

@@ -1,9 +1,15 @@
 // TcpTransport's failure paths: a lost peer, a request withdrawn at its deadline, abort().
 // Kept apart from tcp_transport.cc (the data path) to keep each file readable on its own; what
 // they do to the queues is the MessageMatcher's, shared with the shared-memory transport.
+#include <linux/tcp.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cstddef>
+#include <optional>
 
 #include "backends/tcp/tcp_transport.h"
 
@@ -20,6 +26,7 @@ void TcpTransport::lose_peer(Peer& peer, const std::string& hang_up) {
   // A peer that aborted sent its marker as urgent data before hanging up: say so, rather than
   // "closed its connection", which reads as an exit or a crash.
   take_abort_marker(peer);
+  if (!peer.aborted && skipped_abort_marker(peer)) peer.aborted = true;
   const std::string why = peer.aborted ? backends::MessageMatcher::kPeerAborted : hang_up;
   // The fd stays open (shut down) until the transport dies, so that abort() on another thread
   // never touches a reused descriptor number.
@@ -34,6 +41,36 @@ void TcpTransport::take_abort_marker(Peer& peer) {
       marker == backends::MessageMatcher::kAbortMarker) {
     peer.aborted = true;
   }
+}
+
+namespace {
+
+// The kernel's count of bytes received on a TCP connection (in order, urgent ones included).
+std::optional<uint64_t> bytes_received(int fd) {
+  tcp_info info{};
+  socklen_t length = sizeof(info);
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0 ||
+      length < offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
+    return std::nullopt;  // not TCP, or a kernel before 4.1
+  }
+  return info.tcpi_bytes_received;
+}
+
+}  // namespace
+
+bool TcpTransport::skipped_abort_marker(const Peer& peer) const {
+  // The stream is read to its end (EOF, or the reset once the queue is drained) when this runs,
+  // so every byte received was returned by a read, except urgent ones: only abort() sends those.
+  std::optional<uint64_t> received = bytes_received(peer.socket.fd());
+  return received && *received > peer.bytes_read;
+}
+
+uint64_t TcpTransport::bytes_read_so_far(int fd) {
+  int unread = 0;
+  if (::ioctl(fd, FIONREAD, &unread) != 0) unread = 0;    // first: data arriving after it adds
+  std::optional<uint64_t> received = bytes_received(fd);  // to this count only
+  if (!received) return 0;
+  return *received >= static_cast<uint64_t>(unread) ? *received - static_cast<uint64_t>(unread) : 0;
 }
 
 void TcpTransport::withdraw(Op& op) {
