@@ -35,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -153,6 +154,10 @@ std::string g_program = "weft-perf";
 [[noreturn]] void usage_error(const std::string& why) {
   if (launcher_rank() <= 0) {
     fmt::print(stderr, "{}: {}\n{}", g_program, why, usage_text(g_program));
+  } else {
+    // The other ranks leave rank 0 the time to say why: a launcher (weftrun, torchrun) stops the
+    // whole job when the first rank exits, which must not be one of these before rank 0 printed.
+    std::this_thread::sleep_for(std::chrono::seconds(2));
   }
   std::exit(2);
 }
