@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "weft/process_group.h"
+#include "weft/tcp_store.h"
 
 #include "tests/support/multiproc.h"
 
@@ -110,6 +111,21 @@ TEST_CASE("monitored_barrier passes when all arrive and names the ranks that did
     pg->monitored_barrier(seconds(10));
     pg->barrier()->wait();  // ranks 2 and 3 stay until everyone has passed the first one
     if (rank >= 2) return;  // they never arrive at the next two
+    // Rank 0 hosts the store that rank 1 reads rank 0's verdicts from: it stays until rank 1 is
+    // through (as with PyTorch's TCPStore, the store's host must outlive the others' use of it).
+    TCPStore side(TCPStoreOptions{.host = "127.0.0.1", .port = port, .timeout = seconds(20)});
+    struct Done {
+      TCPStore& side;
+      int rank;
+      ~Done() {
+        try {
+          if (rank == 1) side.set("test/monitored/done", "1");
+          if (rank == 0) side.wait({"test/monitored/done"}, seconds(20));
+        } catch (const Error&) {
+          // The check that failed says why; this only orders the exits.
+        }
+      }
+    } done{side, rank};
     const std::string prefix = fmt::format("rank {}/4 group \"world\" monitored_barrier #", rank);
     Error all = error_of([&] { pg->monitored_barrier(milliseconds(300), true); });
     RANK_CHECK(all.code() == ErrorCode::Timeout, "{}", all.what());
