@@ -24,10 +24,12 @@ namespace {
 // Every variable weft reads. Kept beside the parser so that a new one cannot be forgotten here.
 // WEFT_JOB_ID is a launcher variable (runtime/launch_env.h reads it), and WEFT_LIBRARY and
 // WEFT_TORCH_HOST belong to the Python package: listed so that they are not taken for typos.
-constexpr std::array<std::string_view, 15> kKnownVariables = {
-    "WEFT_LOG",     "WEFT_TIMEOUT",   "WEFT_STORE_TOKEN",   "WEFT_SHM",     "WEFT_DEBUG",
-    "WEFT_ALGO",    "WEFT_SPIN_US",   "WEFT_PLUGIN_PATH",   "WEFT_JOB_ID",  "WEFT_UCX_KEEPALIVE",
-    "WEFT_BACKEND", "WEFT_HOST_ADDR", "WEFT_SOCKET_IFNAME", "WEFT_LIBRARY", "WEFT_TORCH_HOST",
+constexpr std::array<std::string_view, 18> kKnownVariables = {
+    "WEFT_LOG",           "WEFT_TIMEOUT",       "WEFT_STORE_TOKEN", "WEFT_SHM",
+    "WEFT_DEBUG",         "WEFT_ALGO",          "WEFT_SPIN_US",     "WEFT_PLUGIN_PATH",
+    "WEFT_JOB_ID",        "WEFT_UCX_KEEPALIVE", "WEFT_BACKEND",     "WEFT_HOST_ADDR",
+    "WEFT_SOCKET_IFNAME", "WEFT_LIBRARY",       "WEFT_TORCH_HOST",  "WEFT_TRACE_BUFFER",
+    "WEFT_TRACE_DIR",     "WEFT_TRACE_POLL",
 };
 
 // WEFT_TIMEOUT bounds every blocking call, rendezvous and connection set-up included, which take
@@ -146,6 +148,22 @@ Config Config::from_env(const std::function<const char*(const char*)>& lookup) {
   }
   if (const char* v = lookup("WEFT_HOST_ADDR"); v) c.host_addr = v;
   if (const char* v = lookup("WEFT_SOCKET_IFNAME"); v) c.socket_ifname = v;
+  if (const char* v = lookup("WEFT_TRACE_BUFFER"); v && *v) {
+    std::string_view text(v);
+    size_t n = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (ec != std::errc() || end != text.data() + text.size() || n > 10'000'000) {
+      bad_value("WEFT_TRACE_BUFFER", v, "a number of operations from 0 (off) to 10000000");
+    }
+    c.trace_buffer = n;
+  }
+  if (const char* v = lookup("WEFT_TRACE_DIR"); v) c.trace_dir = v;
+  if (const char* v = lookup("WEFT_TRACE_POLL"); v && *v) {
+    c.trace_poll = parse_duration(v, "WEFT_TRACE_POLL");
+    if (c.trace_poll < std::chrono::milliseconds(10)) {
+      bad_value("WEFT_TRACE_POLL", v, "at least 10 ms");
+    }
+  }
   return c;
 }
 

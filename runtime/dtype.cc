@@ -1,4 +1,4 @@
-// Names and parsing of the core value types: DType, ReduceOp, Device and Tensor.
+// Names and parsing of the core value types: DType, ReduceOp, Device, Tensor and CollectiveKind.
 #include "weft/dtype.h"
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "weft/backend.h"
 #include "weft/device.h"
 #include "weft/reduce_op.h"
 #include "weft/tensor.h"
@@ -165,6 +166,34 @@ std::optional<Device> parse_device(std::string_view text) {
 std::string describe(const Tensor& tensor) {
   return fmt::format("{} x {} on {}", dtype_name(tensor.dtype), tensor.count,
                      device_name(tensor.device));
+}
+
+std::string_view collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::AllReduce:
+      return "all_reduce";
+    case CollectiveKind::Reduce:
+      return "reduce";
+    case CollectiveKind::Broadcast:
+      return "broadcast";
+    case CollectiveKind::AllGather:
+      return "all_gather";
+    case CollectiveKind::ReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::Gather:
+      return "gather";
+    case CollectiveKind::Scatter:
+      return "scatter";
+    case CollectiveKind::AllToAll:
+      return "all_to_all";
+    case CollectiveKind::Barrier:
+      return "barrier";
+    case CollectiveKind::Send:
+      return "send";
+    case CollectiveKind::Recv:
+      return "recv";
+  }
+  return "unknown";
 }
 
 }  // namespace weft

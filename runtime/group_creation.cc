@@ -46,6 +46,16 @@ std::shared_ptr<ProcessGroup> make_group(
   state->backend_settings = std::move(settings);
   state->backend_map = parse_backend_map(state->backend_text, Registry::global());
   state->debug_detail = config().debug == "detail";
+  if (world->trace) {
+    FlightRecorder::GroupInfo info;
+    info.name = state->name;
+    info.id = store_path;
+    info.rank = rank;
+    info.size = size;
+    info.global_ranks = state->global_ranks;
+    info.timeout = timeout;
+    state->recorder = world->trace->make_recorder(std::move(info));
+  }
   ProcessGroup::State& s = *state;
   auto group = std::make_shared<ProcessGroup>(std::move(state));
   // The cpu backend connects now, so that a group that cannot form fails here, not at its first
@@ -173,6 +183,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
     world->server = std::move(rdzv.server);
     world->store = std::move(rdzv.store);
   }
+  world->trace = trace::TraceWorld::create(world->store, rank, size);
   std::vector<int> global(size);
   std::iota(global.begin(), global.end(), 0);
   auto group = make_group(world, options.name, rank, size, options.name, timeout, std::move(global),

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/flight_recorder.h"
 #include "runtime/log.h"
 #include "runtime/plugin_core.h"
 
@@ -157,6 +158,7 @@ class PluginBackend : public Backend {
 
   std::shared_ptr<Work> post_unit(std::vector<Collective> collectives, ErrorContext context) {
     auto work = std::make_shared<Work>(std::move(context), work_timeout_);
+    work->set_trace(unit_trace(collectives));
     // A caller that waits watches for the completion a moment before it sleeps: an operation of a
     // prompt plugin then costs it no wake-up (the plugin thread posts it meanwhile).
     work->set_wait_helper([w = work.get()] {

@@ -197,6 +197,7 @@ void PluginCore::post_next(std::unique_lock<std::mutex>& lock) {
   if (++next_op == 0) ++next_op;
   const uint32_t id = next_op;
   const Collective& first = unit.collectives.front();
+  unit.work->mark_started();
   ops[id] = Op{unit.work, first.kind, first.seq, static_cast<uint32_t>(unit.collectives.size())};
   void* token = reinterpret_cast<void*>(static_cast<uintptr_t>((uint64_t{serial} << 32) | id));
   enter(lock, "post()", id);

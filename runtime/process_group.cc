@@ -85,6 +85,8 @@ size_t call_elements(const Collective& c) {
 
 uint64_t fork_count() { return forks_seen.load(std::memory_order_relaxed); }
 
+std::vector<std::string> dump_trace(const std::string& reason) { return trace::dump_all(reason); }
+
 Backend& ProcessGroup::State::backend_for(DeviceKind kind, const ErrorContext& where) {
   auto it = backends.find(kind);
   if (it != backends.end()) return *it->second;
@@ -173,21 +175,34 @@ std::shared_ptr<Work> submit(ProcessGroup::State& s, Collective c, Epilogue epil
   }
   if (!p2p) c.seq = ++s.seq;
   ErrorContext context = s.context(op, c.seq, describe_call(c, dtype, call_elements(c)));
+  if (s.recorder) {
+    c.trace = TraceRef{s.recorder, s.recorder->queued(c, dtype, call_fingerprint(c, dtype)), 1,
+                       p2p ? 0 : c.seq};
+  }
   if (s.aborted) {
-    return Work::failed(context,
-                        std::make_exception_ptr(Error(ErrorCode::Aborted, context,
-                                                      "the group was aborted: " + s.abort_reason)));
+    auto work = std::make_shared<Work>(context, s.timeout);
+    work->set_trace(std::move(c.trace));
+    work->fail(std::make_exception_ptr(
+        Error(ErrorCode::Aborted, context, "the group was aborted: " + s.abort_reason)));
+    return work;
   }
   if (s.coalescing) {
     s.coalesced.device = device.kind;
     auto work = std::make_shared<Work>(context, s.timeout);
+    work->set_trace(c.trace);
     s.coalesced.calls.push_back(std::move(c));
     s.coalesced.works.push_back(work);
     s.coalesced.epilogues.push_back(std::move(epilogue));
     return work;
   }
   if (s.debug_detail && !p2p) check_fingerprints(s, c, dtype, context);
+  TraceRef trace = c.trace;
   std::shared_ptr<Work> work = backend->post(std::move(c), context);
+  if (trace.recorder && !work->has_trace()) {
+    // A backend that does not report to the recorder: at least its outcome is recorded.
+    work->on_complete(
+        [trace](const Work& done) { trace.recorder->finished(trace, done.exception()); });
+  }
   if (epilogue) work = chain(work, context, s.timeout, std::move(epilogue));
   if (source) work->set_source(std::move(source));
   return work;
@@ -296,6 +311,7 @@ void ProcessGroup::abort(const std::string& reason) {
     }
   }
   s.abort_signal->raise(reason);
+  if (s.world->trace) s.world->trace->dump(fmt::format("group \"{}\" aborted: {}", s.name, reason));
   fail_self_messages(s, std::make_exception_ptr(
                             Error(ErrorCode::Aborted, s.context("send/recv to self", 0), reason)));
   WEFT_LOG_INFO("rank {}/{} group \"{}\": aborted: {}", s.rank, s.size, s.name, reason);

@@ -29,6 +29,8 @@
 #include "collectives/tag.h"
 #include "runtime/abortable_store.h"
 #include "runtime/buffer_pool.h"
+#include "runtime/flight_recorder.h"
+#include "runtime/trace_dump.h"
 
 namespace weft {
 
@@ -41,6 +43,9 @@ inline constexpr uint64_t kMaxTag = collectives::kMaxUserTag;
 struct World {
   std::unique_ptr<TcpStoreServer> server;
   std::shared_ptr<Store> store;
+  // The flight recorders' dumps and request thread (null when WEFT_TRACE_BUFFER is 0). Declared
+  // last: it goes first, while the store it polls still exists.
+  std::shared_ptr<trace::TraceWorld> trace;
 };
 
 // Runs after a collective's backend Work succeeds, on the thread that completed it, before the
@@ -83,6 +88,7 @@ struct ProcessGroup::State {
   std::vector<std::pair<DeviceKind, std::string>> backend_map;
   bool debug_detail = false;
   std::shared_ptr<BufferPool> staging = BufferPool::create();
+  std::shared_ptr<FlightRecorder> recorder;  // null when recording is off
   // Raised by abort(); the group's store (and its children's while they form) stop waiting on it.
   std::shared_ptr<AbortSignal> abort_signal;
   std::vector<std::shared_ptr<const AbortSignal>> abort_chain;  // this group's and its ancestors'

@@ -102,9 +102,10 @@ ProgressThread::~ProgressThread() {
 }
 
 std::shared_ptr<Work> ProgressThread::submit(ErrorContext context, std::function<void()> task,
-                                             bool defer) {
+                                             bool defer, TraceRef trace) {
   WEFT_CHECK(task != nullptr, "submit needs a task");
   auto work = std::make_shared<Work>(std::move(context), work_timeout_);
+  work->set_trace(std::move(trace));
   std::weak_ptr<HelperLink> link = helper_link_;
   const Work* raw = work.get();
   if (caller_runs_)
@@ -250,6 +251,7 @@ void ProgressThread::run_front(std::unique_lock<std::mutex>& lock) {
 }
 
 void ProgressThread::run_task(Task& task) {
+  task.work->mark_started();
   std::exception_ptr error;
   try {
     task.run();

@@ -94,9 +94,10 @@ class ProgressThread {
   // context is `context` (errors about the task start with context.describe()). After abort()
   // the task is dropped and the Work returned has already failed with Error(Aborted).
   // `defer` asks for a deferred start (see the class comment; ignored unless caller_runs).
+  // `trace`: the flight recorder entries the Work reports to (Work::set_trace).
   // REQUIRES: task is not empty.
-  std::shared_ptr<Work> submit(ErrorContext context, std::function<void()> task,
-                               bool defer = false);
+  std::shared_ptr<Work> submit(ErrorContext context, std::function<void()> task, bool defer = false,
+                               TraceRef trace = {});
 
   // Installs what abort() calls to unblock a running task, e.g. the transport's abort(). Called
   // at most once, on the aborting thread, without any lock held; what it throws is logged.

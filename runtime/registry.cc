@@ -8,34 +8,6 @@
 
 namespace weft {
 
-std::string_view collective_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::AllReduce:
-      return "all_reduce";
-    case CollectiveKind::Reduce:
-      return "reduce";
-    case CollectiveKind::Broadcast:
-      return "broadcast";
-    case CollectiveKind::AllGather:
-      return "all_gather";
-    case CollectiveKind::ReduceScatter:
-      return "reduce_scatter";
-    case CollectiveKind::Gather:
-      return "gather";
-    case CollectiveKind::Scatter:
-      return "scatter";
-    case CollectiveKind::AllToAll:
-      return "all_to_all";
-    case CollectiveKind::Barrier:
-      return "barrier";
-    case CollectiveKind::Send:
-      return "send";
-    case CollectiveKind::Recv:
-      return "recv";
-  }
-  return "unknown";
-}
-
 std::shared_ptr<Work> Backend::post_coalesced(std::vector<Collective> collectives,
                                               ErrorContext context) {
   auto group = std::make_shared<Work>(context);

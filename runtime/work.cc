@@ -6,6 +6,7 @@
 
 #include "weft/config.h"
 
+#include "runtime/flight_recorder.h"
 #include "runtime/log.h"
 
 namespace weft {
@@ -156,7 +157,14 @@ void Work::fail(std::exception_ptr error) {
   finish(State::Failed, std::move(error));
 }
 
+void Work::mark_started() const {
+  if (trace_.recorder) trace_.recorder->started(trace_);
+}
+
 void Work::finish(State state, std::exception_ptr error) {
+  // The recorder first: a failure may dump the process's flight recorders, and that must happen
+  // before a waiter learns of the failure (and perhaps exits).
+  if (trace_.recorder) trace_.recorder->finished(trace_, error);
   std::vector<Callback> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);

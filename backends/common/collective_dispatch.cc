@@ -16,6 +16,7 @@
 #include "collectives/pairwise.h"
 #include "collectives/recursive_doubling.h"
 #include "collectives/ring.h"
+#include "runtime/flight_recorder.h"
 
 namespace weft::backends {
 
@@ -59,6 +60,7 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
       const size_t count = c.inputs[0].count;
       Algorithm algorithm =
           collectives::choose(Op::AllReduce, c.inputs[0].nbytes(), size, slowest_link, forced);
+      note_algorithm(c.trace, collectives::algorithm_name(algorithm));
       if (algorithm == Algorithm::RecursiveDoubling) {
         collectives::recursive_doubling_all_reduce(ctx, in(), out(), count, dtype, c.op);
       } else if (algorithm == Algorithm::HalvingDoubling) {
@@ -69,6 +71,7 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
       return;
     }
     case CollectiveKind::Reduce:
+      note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Tree));
       collectives::binomial_reduce(ctx, in(), rank == c.root ? out() : nullptr, c.inputs[0].count,
                                    dtype, c.op, c.root);
       return;
@@ -77,6 +80,7 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
       if (rank == c.root && c.inputs[0].data != data.data && data.count > 0) {
         std::memcpy(data.data, c.inputs[0].data, data.nbytes());
       }
+      note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Tree));
       collectives::binomial_broadcast(ctx, data.data, data.nbytes(), c.root);
       return;
     }
@@ -85,12 +89,14 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
         const size_t count = c.counts.empty() ? 0 : c.counts[0];
         Algorithm algorithm =
             collectives::choose(Op::AllGather, c.outputs[0].nbytes(), size, slowest_link, forced);
+        note_algorithm(c.trace, collectives::algorithm_name(algorithm));
         if (algorithm == Algorithm::Bruck) {
           collectives::bruck_all_gather(ctx, in(), out(), count, dtype);
         } else {
           collectives::ring_all_gather(ctx, in(), out(), count, dtype);
         }
       } else {
+        note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Ring));
         collectives::ring_all_gather(ctx, in(), out(), c.counts, dtype);
       }
       return;
@@ -98,6 +104,7 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
     case CollectiveKind::ReduceScatter: {
       Algorithm algorithm =
           collectives::choose(Op::ReduceScatter, c.inputs[0].nbytes(), size, slowest_link, forced);
+      note_algorithm(c.trace, collectives::algorithm_name(algorithm));
       if (algorithm == Algorithm::HalvingDoubling) {
         collectives::halving_doubling_reduce_scatter(ctx, in(), out(), c.counts, dtype, c.op);
       } else {
@@ -106,14 +113,17 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
       return;
     }
     case CollectiveKind::Gather:
+      note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Linear));
       collectives::linear_gather(ctx, in(), rank == c.root ? out() : nullptr, c.inputs[0].count,
                                  dtype, c.root);
       return;
     case CollectiveKind::Scatter:
+      note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Linear));
       collectives::linear_scatter(ctx, rank == c.root ? in() : nullptr, out(), c.outputs[0].count,
                                   dtype, c.root);
       return;
     case CollectiveKind::AllToAll:
+      note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Pairwise));
       if (all_equal(c.send_counts) && all_equal(c.recv_counts) && c.send_counts == c.recv_counts) {
         const size_t count = c.send_counts.empty() ? 0 : c.send_counts[0];
         collectives::pairwise_all_to_all(ctx, in(), out(), count, dtype);
@@ -122,6 +132,7 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
       }
       return;
     case CollectiveKind::Barrier:
+      note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Dissemination));
       collectives::dissemination_barrier(ctx);
       return;
     case CollectiveKind::Send:

@@ -9,6 +9,7 @@
 
 #include "collectives/context.h"
 #include "runtime/desync_check.h"
+#include "runtime/flight_recorder.h"
 #include "runtime/log.h"
 
 namespace weft::backends {
@@ -92,8 +93,9 @@ TransportBackend::~TransportBackend() {
 
 std::shared_ptr<Work> TransportBackend::post(Collective collective, ErrorContext context) {
   const bool defer = bytes_moved(collective) <= kDeferBytes;
+  TraceRef trace = collective.trace;
   auto task = [this, collective = std::move(collective), context] { run(collective, context); };
-  return thread_->submit(std::move(context), std::move(task), defer);
+  return thread_->submit(std::move(context), std::move(task), defer, std::move(trace));
 }
 
 std::shared_ptr<Work> TransportBackend::post_coalesced(std::vector<Collective> collectives,
@@ -101,6 +103,7 @@ std::shared_ptr<Work> TransportBackend::post_coalesced(std::vector<Collective> c
   size_t bytes = 0;
   for (const Collective& collective : collectives) bytes += bytes_moved(collective);
   const bool defer = bytes <= kDeferBytes;
+  TraceRef trace = unit_trace(collectives);
   auto task = [this, collectives = std::move(collectives), context] {
     auto is_p2p = [](const Collective& c) {
       return c.kind == CollectiveKind::Send || c.kind == CollectiveKind::Recv;
@@ -131,7 +134,7 @@ std::shared_ptr<Work> TransportBackend::post_coalesced(std::vector<Collective> c
       i = end;
     }
   };
-  return thread_->submit(std::move(context), std::move(task), defer);
+  return thread_->submit(std::move(context), std::move(task), defer, std::move(trace));
 }
 
 void TransportBackend::abort(const std::string& reason) {

@@ -93,6 +93,9 @@ struct Collective {
   // AllToAll: elements sent to / received from each rank.
   std::vector<size_t> send_counts;
   std::vector<size_t> recv_counts;
+  // Set by the group: where its flight recorder keeps this call. A backend passes it to the Work
+  // it returns (Work::set_trace); one that does not loses only the start time of its operations.
+  TraceRef trace;
 };
 
 // What a factory gets to build one group's backend.

@@ -47,6 +47,14 @@ struct Config {
   // WEFT_SOCKET_IFNAME: the network interface ("eth1") whose address this rank publishes, as
   // GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME. WEFT_HOST_ADDR wins when both are set.
   std::string socket_ifname;
+  // WEFT_TRACE_BUFFER: how many operations each group's flight recorder keeps (docs/
+  // flight-recorder.md). Default 2000; 0 turns the recorder (and its dumps) off.
+  size_t trace_buffer = 2000;
+  // WEFT_TRACE_DIR: where dumps are written. Empty (default): the working directory.
+  std::string trace_dir;
+  // WEFT_TRACE_POLL: how often each process looks in the store for dump requests and runs the
+  // watchdog, as WEFT_TIMEOUT is written. Default 1 s; at least 10 ms.
+  std::chrono::milliseconds trace_poll{1000};
 
   // Variables set with the WEFT_ prefix that weft does not know (likely typos); config() logs
   // a warning for each.

@@ -290,4 +290,12 @@ int get_world_size(const std::shared_ptr<ProcessGroup>& group = nullptr);
 // a new one). Error(InvalidArgument) when there is no group to destroy.
 void destroy_process_group(const std::shared_ptr<ProcessGroup>& group = nullptr);
 
+// ---- The flight recorder (docs/flight-recorder.md).
+//
+// Writes the flight recorder of every group of this process, one JSON file per world rank in
+// WEFT_TRACE_DIR (default: the working directory), with `reason` in it; returns the files
+// written (none when WEFT_TRACE_BUFFER=0 or no group exists). weft dumps by itself on a Timeout,
+// a PeerLost, an abort and SIGUSR1; this is for a program that wants a snapshot of its own.
+std::vector<std::string> dump_trace(const std::string& reason = "requested by the program");
+
 }  // namespace weft

@@ -25,6 +25,19 @@
 
 namespace weft {
 
+class FlightRecorder;  // runtime-internal: runtime/flight_recorder.h
+
+// Where a group's flight recorder (docs/flight-recorder.md) keeps an operation, or the
+// operations [first, first + count) of a coalesced unit. The group sets it on each Collective it
+// posts; a backend hands it to the Work it returns (set_trace()), so that the Work reports when
+// the operation starts and how it ends. Empty (no recorder) when recording is off.
+struct TraceRef {
+  std::shared_ptr<FlightRecorder> recorder;
+  uint64_t first = 0;
+  uint32_t count = 0;
+  uint64_t seq = 0;  // the highest collective sequence number among them; 0: send/recv only
+};
+
 // A Work is the state of one asynchronous operation: pending until the thread that runs the
 // operation completes it, then succeeded or failed for good.
 //
@@ -123,6 +136,13 @@ class Work {
   // For the group: where the backend writes that rank. Set before the Work is shared.
   void set_source(std::shared_ptr<const int> source) { source_ = std::move(source); }
 
+  // For the executor: the flight recorder entries this Work reports to. Set before the Work is
+  // shared; complete() and fail() report the outcome, mark_started() the start.
+  void set_trace(TraceRef trace) { trace_ = std::move(trace); }
+  bool has_trace() const { return trace_.recorder != nullptr; }
+  // For the executor: the operation has started running (the recorder notes the time).
+  void mark_started() const;
+
   // Where this Work's operation runs: rank, group, op and sequence number.
   const ErrorContext& context() const { return context_; }
   // The timeout wait() uses by default (never kDefaultTimeout: resolved at construction).
@@ -174,6 +194,7 @@ class Work {
   std::vector<Callback> callbacks_;    // guarded by mutex_; emptied at completion
   std::function<void()> wait_helper_;  // set before sharing; read-only after
   std::shared_ptr<const int> source_;  // set before sharing; read once succeeded
+  TraceRef trace_;                     // set before sharing; read-only after
 };
 
 // Waits for every Work in `works`, as if calling wait() on each in order, but against one

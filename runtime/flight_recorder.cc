@@ -1,0 +1,345 @@
+#include "runtime/flight_recorder.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "weft/error.h"
+
+#include "runtime/log.h"
+
+namespace weft {
+namespace {
+
+// The caller's Linux thread id, asked of the kernel once per thread.
+int32_t this_thread_id() {
+  thread_local const int32_t tid = static_cast<int32_t>(syscall(SYS_gettid));
+  return tid;
+}
+
+const char* state_name(uint8_t state) {
+  switch (state) {
+    case 0:
+      return "queued";
+    case 1:
+      return "started";
+    case 2:
+      return "completed";
+    default:
+      return "failed";
+  }
+}
+
+void raise_to(std::atomic<uint64_t>& value, uint64_t to) {
+  uint64_t now = value.load(std::memory_order_relaxed);
+  while (now < to && !value.compare_exchange_weak(now, to, std::memory_order_relaxed)) {
+  }
+}
+
+uint64_t total_count(const std::vector<Tensor>& tensors) {
+  uint64_t n = 0;
+  for (const Tensor& t : tensors) n += t.count;
+  return n;
+}
+
+bool has_reduce_op(CollectiveKind kind) {
+  return kind == CollectiveKind::AllReduce || kind == CollectiveKind::Reduce ||
+         kind == CollectiveKind::ReduceScatter;
+}
+
+bool has_root(CollectiveKind kind) {
+  return kind == CollectiveKind::Reduce || kind == CollectiveKind::Broadcast ||
+         kind == CollectiveKind::Gather || kind == CollectiveKind::Scatter;
+}
+
+}  // namespace
+
+// A copy of one slot, read without tearing (FlightRecorder::read).
+struct FlightRecorder::Entry {
+  uint64_t id;
+  uint64_t seq;
+  uint64_t tag;
+  uint64_t count_in;
+  uint64_t count_out;
+  int64_t queued_ns;
+  int64_t started_ns;
+  int64_t ended_ns;
+  std::string_view algorithm;
+  int32_t root;
+  int32_t peer;
+  int32_t thread;
+  uint16_t fingerprint;
+  uint8_t kind;
+  uint8_t dtype;
+  int16_t reduce_op;
+  uint8_t state;
+};
+
+int64_t FlightRecorder::now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+FlightRecorder::FlightRecorder(GroupInfo info, size_t capacity, FailureHook on_failure)
+    : info_(std::move(info)),
+      capacity_(capacity),
+      on_failure_(std::move(on_failure)),
+      slots_(std::make_unique<Slot[]>(capacity)) {
+  WEFT_CHECK(capacity_ > 0, "a flight recorder needs room for at least one operation");
+}
+
+FlightRecorder::~FlightRecorder() = default;
+
+uint64_t FlightRecorder::queued(const Collective& c, DType dtype, uint16_t fingerprint) {
+  constexpr auto relaxed = std::memory_order_relaxed;
+  const uint64_t id = next_id_.load(relaxed);
+  Slot& s = *slot_of(id);
+  // Retire the slot's previous occupant first, so that a reader never pairs its id with ours.
+  s.id.store(kEmpty, relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.seq.store(c.seq, relaxed);
+  s.tag.store(c.tag, relaxed);
+  s.count_in.store(total_count(c.inputs), relaxed);
+  s.count_out.store(total_count(c.outputs), relaxed);
+  s.queued_ns.store(now_ns(), relaxed);
+  s.started_ns.store(0, relaxed);
+  s.ended_ns.store(0, relaxed);
+  s.algorithm.store(nullptr, relaxed);
+  s.algorithm_length.store(0, relaxed);
+  s.root.store(has_root(c.kind) ? c.root : -1, relaxed);
+  const bool p2p = c.kind == CollectiveKind::Send || c.kind == CollectiveKind::Recv;
+  s.peer.store(p2p ? c.peer : -1, relaxed);
+  s.thread.store(this_thread_id(), relaxed);
+  s.fingerprint.store(fingerprint, relaxed);
+  s.kind.store(static_cast<uint8_t>(c.kind), relaxed);
+  s.dtype.store(static_cast<uint8_t>(dtype), relaxed);
+  s.reduce_op.store(has_reduce_op(c.kind) ? static_cast<int16_t>(c.op.kind) : int16_t{-1}, relaxed);
+  s.state.store(static_cast<uint8_t>(State::Queued), relaxed);
+  s.id.store(id, std::memory_order_release);
+  next_id_.store(id + 1, std::memory_order_release);
+  if (c.seq != 0 && !p2p) raise_to(last_queued_seq_, c.seq);
+  return id;
+}
+
+void FlightRecorder::started(const TraceRef& trace) {
+  const int64_t now = now_ns();
+  for (uint64_t id = trace.first; id < trace.first + trace.count; ++id) {
+    Slot& s = *slot_of(id);
+    if (s.id.load(std::memory_order_acquire) != id) continue;  // overwritten: see Limits
+    s.started_ns.store(now, std::memory_order_relaxed);
+    s.state.store(static_cast<uint8_t>(State::Started), std::memory_order_release);
+  }
+  if (trace.seq != 0) raise_to(last_started_seq_, trace.seq);
+}
+
+void FlightRecorder::note_algorithm(uint64_t id, std::string_view name) {
+  Slot& s = *slot_of(id);
+  if (s.id.load(std::memory_order_acquire) != id) return;
+  s.algorithm_length.store(static_cast<uint32_t>(name.size()), std::memory_order_relaxed);
+  s.algorithm.store(name.data(), std::memory_order_release);
+}
+
+void FlightRecorder::finished(const TraceRef& trace, const std::exception_ptr& error) {
+  const uint64_t first = trace.first;
+  const uint64_t count = trace.count;
+  const int64_t now = now_ns();
+  const State state = error ? State::Failed : State::Completed;
+  for (uint64_t id = first; id < first + count; ++id) {
+    Slot& s = *slot_of(id);
+    if (s.id.load(std::memory_order_acquire) != id) continue;
+    s.ended_ns.store(now, std::memory_order_relaxed);
+    s.state.store(static_cast<uint8_t>(state), std::memory_order_release);
+  }
+  if (!error && trace.seq != 0) raise_to(last_completed_seq_, trace.seq);
+  last_ended_ns_.store(now, std::memory_order_relaxed);
+  if (!error) return;
+
+  // Cold path from here: keep the message, and dump on the group's first real failure.
+  std::optional<ErrorCode> code;  // none: not a weft::Error
+  std::string message;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    code = e.code();
+    message = e.what();
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "a non-standard exception";
+  }
+  const std::string code_name = code ? std::string(error_code_name(*code)) : "exception";
+  {
+    std::lock_guard<std::mutex> lock(failures_mutex_);
+    for (uint64_t id = first; id < first + count; ++id) {
+      if (failures_.size() >= capacity_) failures_.erase(failures_.begin());
+      failures_.push_back(Failure{id, code_name, message});
+    }
+  }
+  if (code == ErrorCode::Timeout || code == ErrorCode::PeerLost || code == ErrorCode::Desync) {
+    if (on_failure_ && !failure_dumped_.exchange(true)) on_failure_(*code, message);
+  }
+}
+
+bool FlightRecorder::read(uint64_t id, Entry& e) const {
+  constexpr auto relaxed = std::memory_order_relaxed;
+  const Slot& s = *slot_of(id);
+  if (s.id.load(std::memory_order_acquire) != id) return false;
+  e.id = id;
+  e.state = s.state.load(std::memory_order_acquire);
+  e.seq = s.seq.load(relaxed);
+  e.tag = s.tag.load(relaxed);
+  e.count_in = s.count_in.load(relaxed);
+  e.count_out = s.count_out.load(relaxed);
+  e.queued_ns = s.queued_ns.load(relaxed);
+  e.started_ns = s.started_ns.load(relaxed);
+  e.ended_ns = s.ended_ns.load(relaxed);
+  const char* algorithm = s.algorithm.load(std::memory_order_acquire);
+  e.algorithm = algorithm ? std::string_view(algorithm, s.algorithm_length.load(relaxed))
+                          : std::string_view();
+  e.root = s.root.load(relaxed);
+  e.peer = s.peer.load(relaxed);
+  e.thread = s.thread.load(relaxed);
+  e.fingerprint = s.fingerprint.load(relaxed);
+  e.kind = s.kind.load(relaxed);
+  e.dtype = s.dtype.load(relaxed);
+  e.reduce_op = s.reduce_op.load(relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  // Overwritten while we read it: the copy may mix two operations.
+  return s.id.load(relaxed) == id;
+}
+
+namespace {
+
+void append_escaped(std::string& out, std::string_view text) {
+  out += '"';
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20) {
+          out += fmt::format("\\u{:04x}", c);
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+void FlightRecorder::append_json(std::string& out) const {
+  const uint64_t end = recorded();
+  const uint64_t begin = end > capacity_ ? end - capacity_ : 0;
+  out += "{\"name\": ";
+  append_escaped(out, info_.name);
+  out += ", \"id\": ";
+  append_escaped(out, info_.id);
+  out += fmt::format(", \"rank\": {}, \"size\": {}, \"global_ranks\": [{}]", info_.rank, info_.size,
+                     fmt::join(info_.global_ranks, ", "));
+  out += fmt::format(
+      ", \"capacity\": {}, \"recorded\": {}, \"last_queued_seq\": {}, \"last_started_seq\": {}, "
+      "\"last_completed_seq\": {}, \"entries\": [",
+      capacity_, end, last_queued_seq_.load(std::memory_order_relaxed),
+      last_started_seq_.load(std::memory_order_relaxed),
+      last_completed_seq_.load(std::memory_order_relaxed));
+  std::vector<Failure> failures;
+  {
+    std::lock_guard<std::mutex> lock(failures_mutex_);
+    failures = failures_;
+  }
+  bool first = true;
+  Entry e{};
+  for (uint64_t id = begin; id < end; ++id) {
+    if (!read(id, e)) continue;
+    const auto kind = static_cast<CollectiveKind>(e.kind);
+    out += first ? "\n  " : ",\n  ";
+    first = false;
+    out += fmt::format(
+        "{{\"id\": {}, \"seq\": {}, \"op\": \"{}\", \"dtype\": \"{}\", \"count_in\": {}, "
+        "\"count_out\": {}, \"reduce_op\": \"{}\", \"root\": {}, \"peer\": {}, \"tag\": {}, "
+        "\"fingerprint\": {}, \"algorithm\": ",
+        e.id, e.seq, collective_name(kind), dtype_name(static_cast<DType>(e.dtype)), e.count_in,
+        e.count_out,
+        e.reduce_op < 0 ? std::string_view()
+                        : reduce_op_name(ReduceOp(static_cast<ReduceOp::Kind>(e.reduce_op))),
+        e.root, e.peer, e.tag, e.fingerprint);
+    append_escaped(out, e.algorithm);
+    out += fmt::format(
+        ", \"state\": \"{}\", \"queued_ns\": {}, \"started_ns\": {}, \"ended_ns\": {}, "
+        "\"thread\": {}",
+        state_name(e.state), e.queued_ns, e.started_ns, e.ended_ns, e.thread);
+    if (e.state == static_cast<uint8_t>(State::Failed)) {
+      auto failure = std::find_if(failures.begin(), failures.end(),
+                                  [&](const Failure& f) { return f.id == e.id; });
+      out += ", \"error_code\": ";
+      append_escaped(out, failure != failures.end() ? failure->code : "");
+      out += ", \"error\": ";
+      append_escaped(out, failure != failures.end() ? failure->message : "");
+    }
+    out += '}';
+  }
+  out += first ? "]}" : "\n]}";
+}
+
+std::optional<std::string> FlightRecorder::overdue(std::chrono::nanoseconds grace) {
+  const uint64_t end = recorded();
+  const uint64_t begin = end > capacity_ ? end - capacity_ : 0;
+  // The oldest unfinished operation: operations end in issue order, so walk back from the
+  // newest until one has ended.
+  Entry e{};
+  std::optional<Entry> oldest;
+  for (uint64_t id = end; id > begin; --id) {
+    if (!read(id - 1, e)) break;
+    if (e.state >= static_cast<uint8_t>(State::Completed)) break;
+    oldest = e;
+  }
+  if (!oldest) return std::nullopt;
+  const int64_t now = now_ns();
+  const int64_t limit = std::chrono::nanoseconds(info_.timeout).count() + grace.count();
+  const bool started = oldest->state == static_cast<uint8_t>(State::Started);
+  // A queued operation cannot start before the one ahead of it ended.
+  const int64_t since =
+      started ? oldest->started_ns
+              : std::max(oldest->queued_ns, last_ended_ns_.load(std::memory_order_relaxed));
+  if (now - since < limit) return std::nullopt;
+  if (watchdog_reported_.exchange(oldest->id) == oldest->id) return std::nullopt;
+  const auto kind = static_cast<CollectiveKind>(oldest->kind);
+  const double waited = static_cast<double>(now - since) / 1e9;
+  const std::string what = oldest->seq != 0
+                               ? fmt::format("{} #{}", collective_name(kind), oldest->seq)
+                               : fmt::format("{} (tag {})", collective_name(kind), oldest->tag);
+  if (started) {
+    return fmt::format(
+        "rank {}/{} group \"{}\": {} started {:.1f} s ago and has not ended, past its timeout "
+        "({} ms): the thread running it is stuck (a completion callback that blocks, or a bug); "
+        "later operations of the group cannot start",
+        info_.rank, info_.size, info_.name, what, waited, info_.timeout.count());
+  }
+  return fmt::format(
+      "rank {}/{} group \"{}\": {} was issued and has not started for {:.1f} s, past the group's "
+      "timeout ({} ms): the group's progress thread is stuck (a completion callback that blocks, "
+      "or a bug)",
+      info_.rank, info_.size, info_.name, what, waited, info_.timeout.count());
+}
+
+}  // namespace weft
