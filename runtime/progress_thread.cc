@@ -125,12 +125,16 @@ std::shared_ptr<Work> ProgressThread::submit(ErrorContext context, std::function
       const Clock::time_point now = Clock::now();
       if (defer) {
         queue_.push_back(Task{work, std::move(task), now + kDeferral});
+        ++deferred_;
         hot_until_ = now + kHotPeriod;
         // A hot thread looks at the queue within kDeferral anyway: no wake-up.
         if (sleep_ == Sleep::UntilNotified) task_cv_.notify_one();
       } else {
         // Urgent: whatever is queued ahead must start now too.
-        for (Task& queued : queue_) queued.not_before = Clock::time_point::min();
+        for (size_t i = queue_.size() - deferred_; i < queue_.size(); ++i) {
+          queue_[i].not_before = Clock::time_point::min();
+        }
+        deferred_ = 0;
         queue_.push_back(Task{work, std::move(task)});
         if (sleep_ != Sleep::Awake) task_cv_.notify_one();
       }
@@ -158,6 +162,7 @@ void ProgressThread::abort(const std::string& reason) {
     aborted_ = true;
     abort_reason_ = reason;
     dropped.swap(queue_);
+    deferred_ = 0;
     hook = std::move(abort_hook_);
     if (running_ == nullptr) idle_cv_.notify_all();
   }
@@ -240,6 +245,7 @@ void ProgressThread::run_inline(const Work* work) {
 void ProgressThread::run_front(std::unique_lock<std::mutex>& lock) {
   Task task = std::move(queue_.front());
   queue_.pop_front();
+  deferred_ = std::min(deferred_, queue_.size());
   running_ = task.work.get();
   lock.unlock();
   run_task(task);

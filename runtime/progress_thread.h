@@ -156,7 +156,11 @@ class ProgressThread {
   std::condition_variable task_cv_;
   // Wakes the destructor: the queue emptied with no task running, or the thread exited.
   std::condition_variable idle_cv_;
-  std::deque<Task> queue_;            // guarded by mutex_
+  std::deque<Task> queue_;  // guarded by mutex_
+  // guarded by mutex_: how many tasks at the back of queue_ are deferred. A task submitted
+  // without `defer` ends the deferral of every task ahead of it, so the deferred ones are always
+  // the last few: submit() touches only those (a program may queue 100,000 operations).
+  size_t deferred_ = 0;
   Sleep sleep_ = Sleep::Awake;        // guarded by mutex_
   Clock::time_point hot_until_{};     // guarded by mutex_; see kHotPeriod
   const Work* running_ = nullptr;     // guarded by mutex_; the task being run, for messages
