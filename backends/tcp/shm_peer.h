@@ -32,7 +32,10 @@ struct ShmPeer : backends::PeerQueues {
   bool single_copy = false;           // the peer reads large messages from this rank's memory
   bool corrupt = false;               // it sent a header no sender writes: stop reading its ring
   std::deque<backends::Op*> awaiting_ack;  // single-copy sends whose descriptor is written
-  uint64_t in_control[2] = {};             // InState::Control: the control payload being read
+  // A withdrawn single-copy send waited kWithdrawWait for this peer's ack in vain (the peer is
+  // stopped or stuck): later withdrawals do not wait again, until an ack comes.
+  bool ack_overdue = false;
+  uint64_t in_control[2] = {};  // InState::Control: the control payload being read
 };
 
 }  // namespace detail

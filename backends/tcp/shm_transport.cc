@@ -453,6 +453,7 @@ void ShmTransport::idle(Clock::time_point until) {
 
 void ShmTransport::handle_control(Peer& peer) {
   if (peer.in_header.tag == kAckTag) {
+    peer.ack_overdue = false;  // it answers again
     const uint64_t id = peer.in_control[0];
     auto it = std::find_if(peer.awaiting_ack.begin(), peer.awaiting_ack.end(),
                            [&](Op* op) { return op->descriptor[1] == id; });

@@ -90,7 +90,11 @@ void ShmTransport::withdraw(Op& op) {
     // garbage or EFAULT, which the peer reports as PeerLost.
     if (std::find(peer.awaiting_ack.begin(), peer.awaiting_ack.end(), &op) !=
         peer.awaiting_ack.end()) {
-      const Clock::time_point until = Clock::now() + kWithdrawWait;
+      // One wait per silent peer, not one per send: a collective that timed out on a stopped
+      // peer withdraws every chunk it sent there, and 2 s each would hold its error back (and
+      // the group's teardown) by seconds past the timeout.
+      const Clock::time_point until =
+          peer.ack_overdue ? Clock::now() : Clock::now() + kWithdrawWait;
       while (!op.finished && !peer.lost && !matcher_.aborted() && Clock::now() < until) {
         progress();
         check_peers(false);
@@ -98,6 +102,7 @@ void ShmTransport::withdraw(Op& op) {
         bell_->wait([&] { return op.finished || peer.lost || has_news(); }, until, spin_budget_,
                     [&] { check_peers(true); });
       }
+      if (!op.finished && !peer.lost && !matcher_.aborted()) peer.ack_overdue = true;
       std::erase(peer.awaiting_ack, &op);
       return;
     }
