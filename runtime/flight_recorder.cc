@@ -134,6 +134,9 @@ void FlightRecorder::started(const TraceRef& trace) {
     s.state.store(static_cast<uint8_t>(State::Started), std::memory_order_release);
   }
   if (trace.seq != 0) raise_to(last_started_seq_, trace.seq);
+  running_first_.store(trace.first, std::memory_order_relaxed);
+  running_seq_.store(trace.seq, std::memory_order_relaxed);
+  running_since_ns_.store(now, std::memory_order_release);
 }
 
 void FlightRecorder::note_algorithm(uint64_t id, std::string_view name) {
@@ -155,6 +158,9 @@ void FlightRecorder::finished(const TraceRef& trace, const std::exception_ptr& e
     s.state.store(static_cast<uint8_t>(state), std::memory_order_release);
   }
   if (!error && trace.seq != 0) raise_to(last_completed_seq_, trace.seq);
+  if (running_first_.load(std::memory_order_relaxed) == first) {
+    running_since_ns_.store(0, std::memory_order_release);
+  }
   last_ended_ns_.store(now, std::memory_order_relaxed);
   if (!error) return;
 
@@ -174,9 +180,9 @@ void FlightRecorder::finished(const TraceRef& trace, const std::exception_ptr& e
   const std::string code_name = code ? std::string(error_code_name(*code)) : "exception";
   {
     std::lock_guard<std::mutex> lock(failures_mutex_);
+    if (failures_.empty()) failures_.resize(capacity_);
     for (uint64_t id = first; id < first + count; ++id) {
-      if (failures_.size() >= capacity_) failures_.erase(failures_.begin());
-      failures_.push_back(Failure{id, code_name, message});
+      failures_[id % capacity_] = Failure{id, code_name, message};
     }
   }
   if (code == ErrorCode::Timeout || code == ErrorCode::PeerLost || code == ErrorCode::Desync) {
@@ -258,15 +264,28 @@ void FlightRecorder::append_json(std::string& out) const {
                      fmt::join(info_.global_ranks, ", "));
   out += fmt::format(
       ", \"capacity\": {}, \"recorded\": {}, \"last_queued_seq\": {}, \"last_started_seq\": {}, "
-      "\"last_completed_seq\": {}, \"entries\": [",
+      "\"last_completed_seq\": {}, ",
       capacity_, end, last_queued_seq_.load(std::memory_order_relaxed),
       last_started_seq_.load(std::memory_order_relaxed),
       last_completed_seq_.load(std::memory_order_relaxed));
+  if (const int64_t since = running_since_ns_.load(std::memory_order_acquire); since != 0) {
+    out += fmt::format("\"running\": {{\"id\": {}, \"seq\": {}, \"started_ns\": {}}}, ",
+                       running_first_.load(std::memory_order_relaxed),
+                       running_seq_.load(std::memory_order_relaxed), since);
+  } else {
+    out += "\"running\": null, ";
+  }
+  out += "\"entries\": [";
+  // Copied out, so that the lock is not held while formatting (failures are rare: usually empty).
   std::vector<Failure> failures;
   {
     std::lock_guard<std::mutex> lock(failures_mutex_);
     failures = failures_;
   }
+  auto failure_of = [&](uint64_t id) -> const Failure* {
+    if (failures.empty() || failures[id % capacity_].id != id) return nullptr;
+    return &failures[id % capacity_];
+  };
   bool first = true;
   Entry e{};
   for (uint64_t id = begin; id < end; ++id) {
@@ -289,12 +308,11 @@ void FlightRecorder::append_json(std::string& out) const {
         "\"thread\": {}",
         state_name(e.state), e.queued_ns, e.started_ns, e.ended_ns, e.thread);
     if (e.state == static_cast<uint8_t>(State::Failed)) {
-      auto failure = std::find_if(failures.begin(), failures.end(),
-                                  [&](const Failure& f) { return f.id == e.id; });
+      const Failure* failure = failure_of(e.id);
       out += ", \"error_code\": ";
-      append_escaped(out, failure != failures.end() ? failure->code : "");
+      append_escaped(out, failure != nullptr ? failure->code : "");
       out += ", \"error\": ";
-      append_escaped(out, failure != failures.end() ? failure->message : "");
+      append_escaped(out, failure != nullptr ? failure->message : "");
     }
     out += '}';
   }
@@ -302,44 +320,53 @@ void FlightRecorder::append_json(std::string& out) const {
 }
 
 std::optional<std::string> FlightRecorder::overdue(std::chrono::nanoseconds grace) {
+  const int64_t now = now_ns();
+  const int64_t limit = std::chrono::nanoseconds(info_.timeout).count() + grace.count();
   const uint64_t end = recorded();
   const uint64_t begin = end > capacity_ ? end - capacity_ : 0;
-  // The oldest unfinished operation: operations end in issue order, so walk back from the
-  // newest until one has ended.
+  auto name = [&](uint64_t id, uint64_t seq) {
+    Entry e{};
+    if (read(id, e)) {
+      const auto kind = static_cast<CollectiveKind>(e.kind);
+      return e.seq != 0 ? fmt::format("{} #{}", collective_name(kind), e.seq)
+                        : fmt::format("{} (tag {})", collective_name(kind), e.tag);
+    }
+    return fmt::format("operation #{}", seq);
+  };
+
+  // Something runs: past its timeout (and the grace), its own deadline should have ended it.
+  if (const int64_t since = running_since_ns_.load(std::memory_order_acquire); since != 0) {
+    const uint64_t id = running_first_.load(std::memory_order_relaxed);
+    if (now - since < limit) return std::nullopt;
+    if (watchdog_reported_.exchange(id) == id) return std::nullopt;
+    return fmt::format(
+        "rank {}/{} group \"{}\": {} started {:.1f} s ago and has not ended, past its timeout "
+        "({} ms): the thread running it is stuck (its transport ignores the deadline, or a bug); "
+        "later operations of the group cannot start",
+        info_.rank, info_.size, info_.name, name(id, running_seq_.load(std::memory_order_relaxed)),
+        static_cast<double>(now - since) / 1e9, info_.timeout.count());
+  }
+  // Nothing runs: the oldest operation waiting to start. Operations end in issue order, so walk
+  // back from the newest until one has ended.
   Entry e{};
   std::optional<Entry> oldest;
   for (uint64_t id = end; id > begin; --id) {
     if (!read(id - 1, e)) break;
-    if (e.state >= static_cast<uint8_t>(State::Completed)) break;
+    if (e.state >= static_cast<uint8_t>(State::Started)) break;
     oldest = e;
   }
   if (!oldest) return std::nullopt;
-  const int64_t now = now_ns();
-  const int64_t limit = std::chrono::nanoseconds(info_.timeout).count() + grace.count();
-  const bool started = oldest->state == static_cast<uint8_t>(State::Started);
   // A queued operation cannot start before the one ahead of it ended.
-  const int64_t since =
-      started ? oldest->started_ns
-              : std::max(oldest->queued_ns, last_ended_ns_.load(std::memory_order_relaxed));
+  const int64_t since = std::max(oldest->queued_ns, last_ended_ns_.load(std::memory_order_relaxed));
   if (now - since < limit) return std::nullopt;
   if (watchdog_reported_.exchange(oldest->id) == oldest->id) return std::nullopt;
-  const auto kind = static_cast<CollectiveKind>(oldest->kind);
-  const double waited = static_cast<double>(now - since) / 1e9;
-  const std::string what = oldest->seq != 0
-                               ? fmt::format("{} #{}", collective_name(kind), oldest->seq)
-                               : fmt::format("{} (tag {})", collective_name(kind), oldest->tag);
-  if (started) {
-    return fmt::format(
-        "rank {}/{} group \"{}\": {} started {:.1f} s ago and has not ended, past its timeout "
-        "({} ms): the thread running it is stuck (a completion callback that blocks, or a bug); "
-        "later operations of the group cannot start",
-        info_.rank, info_.size, info_.name, what, waited, info_.timeout.count());
-  }
   return fmt::format(
-      "rank {}/{} group \"{}\": {} was issued and has not started for {:.1f} s, past the group's "
-      "timeout ({} ms): the group's progress thread is stuck (a completion callback that blocks, "
-      "or a bug)",
-      info_.rank, info_.size, info_.name, what, waited, info_.timeout.count());
+      "rank {}/{} group \"{}\": {}{} was issued and has not started for {:.1f} s, past the "
+      "group's timeout ({} ms): the group's progress thread is stuck (a completion callback that "
+      "blocks, or a bug)",
+      info_.rank, info_.size, info_.name, name(oldest->id, oldest->seq),
+      oldest->id == begin && begin > 0 ? " (the oldest still recorded)" : "",
+      static_cast<double>(now - since) / 1e9, info_.timeout.count());
 }
 
 }  // namespace weft

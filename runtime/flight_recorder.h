@@ -125,7 +125,7 @@ class FlightRecorder {
   Slot* slot_of(uint64_t id) const { return &slots_[id % capacity_]; }
 
   struct Failure {
-    uint64_t id;
+    uint64_t id = kEmpty;
     std::string code;
     std::string message;
   };
@@ -139,11 +139,18 @@ class FlightRecorder {
   std::atomic<uint64_t> last_started_seq_{0};
   std::atomic<uint64_t> last_completed_seq_{0};
   std::atomic<int64_t> last_ended_ns_{0};  // when the last operation ended (the watchdog's clock)
+  // The operation (or unit) running now, kept outside the ring so that a program that issued
+  // more than `capacity` operations ahead still shows what runs: its first id, its sequence
+  // number, and when it started (0: none runs).
+  std::atomic<uint64_t> running_first_{0};
+  std::atomic<uint64_t> running_seq_{0};
+  std::atomic<int64_t> running_since_ns_{0};
   std::atomic<bool> failure_dumped_{false};
   std::atomic<uint64_t> watchdog_reported_{kEmpty};
 
   mutable std::mutex failures_mutex_;
-  std::vector<Failure> failures_;  // guarded by failures_mutex_; the last `capacity_` failures
+  // guarded by failures_mutex_; by id % capacity_ like the ring (sized at the first failure)
+  std::vector<Failure> failures_;
 };
 
 // Where a group's flight recorder keeps an operation: carried by the Collective a backend gets

@@ -586,9 +586,11 @@ std::string verdict(const Analysis& a) {
       }
     }
     const Behind& first = g.behind.front();
-    return fmt::format("{} {} not completed {} #{}, which {} completed",
-                       members_in_group(members, g), members.size() == 1 ? "has" : "have", first.op,
-                       first.seq, members_name(others));
+    return fmt::format("{} {} not completed {}, which {} completed", members_in_group(members, g),
+                       members.size() == 1 ? "has" : "have",
+                       first.op.empty() ? fmt::format("#{}", first.seq)
+                                        : fmt::format("{} #{}", first.op, first.seq),
+                       members_name(others));
   }
   if (!a.missing.empty()) {
     std::vector<int> ranks;
@@ -1051,9 +1053,10 @@ std::string render_text(const Analysis& a) {
       continue;
     }
 
-    line(g.numbering_differs
-             ? "   rank  group rank  last issued  last started  last completed  newest operation"
-             : "   rank  last issued  last started  last completed  newest operation");
+    line(g.numbering_differs ? "   rank  group rank  last issued  last started  last completed  "
+                               "oldest pending (or newest) operation"
+                             : "   rank  last issued  last started  last completed  oldest pending "
+                               "(or newest) operation");
     for (const Member& m : g.members) {
       std::string cols = g.numbering_differs ? fmt::format("  {:>5}  {:>10}", m.rank, m.group_rank)
                                              : fmt::format("  {:>5}", m.rank);
@@ -1062,11 +1065,15 @@ std::string render_text(const Analysis& a) {
         continue;
       }
       const GroupDump& d = *m.dump;
+      // What holds the rank up: the oldest collective it has not completed (it runs them in
+      // order) when its ring still has it, else the newest operation it recorded.
       std::string newest = "(empty ring)";
-      if (!d.entries.empty()) {
-        const Entry& e = d.entries.back();
-        newest = describe(e) + ": " + timeline(e, m.process->dumped_at_ns);
-      }
+      const Entry* shown = d.last_queued_seq > d.last_completed_seq
+                               ? entry_at(d, d.last_completed_seq + 1)
+                               : nullptr;
+      if (shown == nullptr && !d.entries.empty()) shown = &d.entries.back();
+      if (shown != nullptr)
+        newest = describe(*shown) + ": " + timeline(*shown, m.process->dumped_at_ns);
       line(fmt::format("{}  {:>11}  {:>12}  {:>14}  {}", cols,
                        "#" + std::to_string(d.last_queued_seq),
                        "#" + std::to_string(d.last_started_seq),
