@@ -360,6 +360,14 @@ weft_result_t weft_group_abort(weft_group_t* group, const char* reason) {
   });
 }
 
+weft_result_t weft_dump_trace(const char* reason, size_t* files_written) {
+  return weft::guarded("weft_dump_trace", [&] {
+    const std::vector<std::string> paths =
+        weft::dump_trace(reason != nullptr ? reason : "requested by the program");
+    if (files_written != nullptr) *files_written = paths.size();
+  });
+}
+
 weft_result_t weft_group_destroy(weft_group_t* group) {
   if (group == nullptr) return WEFT_SUCCESS;
   std::unique_ptr<weft_group_t> owned(group);

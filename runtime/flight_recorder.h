@@ -92,8 +92,12 @@ class FlightRecorder {
   // The id the next operation gets (= how many were recorded).
   uint64_t recorded() const { return next_id_.load(std::memory_order_acquire); }
 
-  // Wall-clock nanoseconds since the epoch: the clock of every timestamp here.
+  // Wall-clock nanoseconds since the epoch: the clock of every timestamp a dump shows.
   static int64_t now_ns();
+  // What the slots store (see flight_recorder.cc: TSC ticks where the TSC is invariant, else
+  // now_ns()), and its conversion to now_ns()'s clock (0 stays 0).
+  static int64_t stamp();
+  static int64_t stamp_to_ns(int64_t stamp);
 
  private:
   enum class State : uint8_t { Queued = 0, Started = 1, Completed = 2, Failed = 3 };
@@ -105,7 +109,7 @@ class FlightRecorder {
     std::atomic<uint64_t> tag{0};
     std::atomic<uint64_t> count_in{0};
     std::atomic<uint64_t> count_out{0};
-    std::atomic<int64_t> queued_ns{0};
+    std::atomic<int64_t> queued_ns{0};  // stamp()s, not yet nanoseconds
     std::atomic<int64_t> started_ns{0};
     std::atomic<int64_t> ended_ns{0};
     std::atomic<const char*> algorithm{nullptr};
@@ -138,13 +142,13 @@ class FlightRecorder {
   std::atomic<uint64_t> last_queued_seq_{0};
   std::atomic<uint64_t> last_started_seq_{0};
   std::atomic<uint64_t> last_completed_seq_{0};
-  std::atomic<int64_t> last_ended_ns_{0};  // when the last operation ended (the watchdog's clock)
+  std::atomic<int64_t> last_ended_ns_{0};  // stamp(): when the last operation ended
   // The operation (or unit) running now, kept outside the ring so that a program that issued
   // more than `capacity` operations ahead still shows what runs: its first id, its sequence
   // number, and when it started (0: none runs).
   std::atomic<uint64_t> running_first_{0};
   std::atomic<uint64_t> running_seq_{0};
-  std::atomic<int64_t> running_since_ns_{0};
+  std::atomic<int64_t> running_since_ns_{0};  // a stamp()
   std::atomic<bool> failure_dumped_{false};
   std::atomic<uint64_t> watchdog_reported_{kEmpty};
 

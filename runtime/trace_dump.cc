@@ -221,12 +221,36 @@ void TraceWorld::on_failure(ErrorCode code, const std::string& message) {
   // A dead peer is seen by every rank (each dumps by itself); a rank that timed out or found a
   // desync may be the only one to know.
   if (code == ErrorCode::PeerLost) return;
+  const std::string request = fmt::format(
+      "rank {} {}: {}", rank_, code == ErrorCode::Timeout ? "timed out" : "failed", message);
+  std::shared_ptr<Store> store;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_request_ = fmt::format("rank {} {}: {}", rank_,
-                                   code == ErrorCode::Timeout ? "timed out" : "failed", message);
+    store = poll_store_;
+    if (!store) pending_request_ = request;  // the thread posts it once it has its connection
   }
-  wake_.notify_all();
+  if (!store) {
+    wake_.notify_all();
+    return;
+  }
+  // Posted here, not by the thread: a program that fails often exits at once, and the request
+  // must be in the store by then. The thread's connection bounds this by its short timeout.
+  try {
+    post_request(*store, request);
+  } catch (const std::exception& e) {
+    WEFT_LOG_DEBUG("flight recorder: cannot ask the other ranks to dump: {}", e.what());
+  }
+}
+
+void TraceWorld::post_request(Store& store, const std::string& request) {
+  const std::string prior = to_string(store.compare_set(kAutoRequestKey, {}, to_bytes(request)));
+  if (prior != request) return;  // another rank asked first
+  const int64_t n = store.add(kRequestsKey, 1);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    own_requests_.push_back(n);
+  }
+  store.set(kRequestPrefix + std::to_string(n), "file " + request);
 }
 
 void TraceWorld::loop() {
@@ -244,6 +268,10 @@ void TraceWorld::loop() {
       WEFT_LOG_DEBUG("flight recorder: no store connection of its own ({}); using the world's",
                      e.what());
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    poll_store_ = store;
   }
   bool ready = false;
   uint64_t signals_seen = sigusr1_count.load(std::memory_order_relaxed);
@@ -263,10 +291,14 @@ void TraceWorld::loop() {
           // The store is gone (its host quit): dumps go on, requests cannot come any more.
           WEFT_LOG_DEBUG("flight recorder: stops polling the store: {}", e.what());
           store = nullptr;
+          std::lock_guard<std::mutex> lock(mutex_);
+          poll_store_ = nullptr;
         }
       } catch (const std::exception& e) {
         WEFT_LOG_DEBUG("flight recorder: stops polling the store: {}", e.what());
         store = nullptr;
+        std::lock_guard<std::mutex> lock(mutex_);
+        poll_store_ = nullptr;
       }
     }
     watchdog();
@@ -298,17 +330,7 @@ void TraceWorld::serve_store(Store& store, bool& ready) {
     std::lock_guard<std::mutex> lock(mutex_);
     pending.swap(pending_request_);
   }
-  if (!pending.empty()) {
-    const std::string prior = to_string(store.compare_set(kAutoRequestKey, {}, to_bytes(pending)));
-    if (prior == pending) {
-      const int64_t n = store.add(kRequestsKey, 1);
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        own_requests_.push_back(n);
-      }
-      store.set(kRequestPrefix + std::to_string(n), "file " + pending);
-    }
-  }
+  if (!pending.empty()) post_request(store, pending);
   const int64_t requests = store.add(kRequestsKey, 0);
   for (int64_t k = seen_ + 1; k <= requests; ++k) {
     bool own = false;

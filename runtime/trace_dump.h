@@ -63,6 +63,8 @@ class TraceWorld : public std::enable_shared_from_this<TraceWorld> {
   // answers the requests posted since the last call. Throws what the store throws.
   void serve_store(Store& store, bool& ready);
   void watchdog();
+  // Asks every rank of the job to dump (mode "file"), unless another rank already did.
+  void post_request(Store& store, const std::string& request);
 
   const std::shared_ptr<Store> store_;
   const int rank_;
@@ -74,6 +76,7 @@ class TraceWorld : public std::enable_shared_from_this<TraceWorld> {
   std::string job_;                                       // guarded by mutex_
   std::vector<std::string> reasons_;   // guarded by mutex_; earlier dumps' reasons, oldest first
   std::string pending_request_;        // guarded by mutex_; a job-wide request to post
+  std::shared_ptr<Store> poll_store_;  // guarded by mutex_; the thread's store, once it has it
   std::vector<int64_t> own_requests_;  // guarded by mutex_; requests this rank posted
   bool stopping_ = false;              // guarded by mutex_
   int64_t seen_ = 0;                   // the thread's only: the last request answered

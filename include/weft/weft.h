@@ -273,6 +273,14 @@ weft_result_t weft_work_free(weft_work_t* work);
  * after a failure, and for every other operation. */
 weft_result_t weft_work_source_rank(weft_work_t* work, int32_t* source);
 
+/* ---- The flight recorder (docs/flight-recorder.md). */
+
+/* Writes the flight recorder of every group of this process to WEFT_TRACE_DIR, one JSON file per
+ * world rank, with `reason` in it (NULL: "requested by the program"); *files_written (may be
+ * NULL) gets how many files were written: 0 when WEFT_TRACE_BUFFER=0 or no group exists. weft
+ * dumps by itself on a timeout, a lost peer, an abort and SIGUSR1. */
+weft_result_t weft_dump_trace(const char* reason, size_t* files_written);
+
 /* ---- Errors and version. */
 
 /* The message of the calling thread's most recent failed weft call; "" if none has failed. The

@@ -30,6 +30,19 @@ from . import _capi
 
 __version__ = _capi.lib.weft_version().decode()
 
+
+def dump_trace(reason=None):
+    """Writes every group's flight recorder to WEFT_TRACE_DIR (docs/flight-recorder.md), one file
+    per world rank; returns how many files were written (0 when WEFT_TRACE_BUFFER=0)."""
+    import ctypes
+
+    from .errors import check
+
+    written = ctypes.c_size_t(0)
+    check(_capi.lib.weft_dump_trace(None if reason is None else reason.encode(),
+                                    ctypes.byref(written)))
+    return written.value
+
 SUM = ReduceOp.SUM
 PROD = ReduceOp.PROD
 MIN = ReduceOp.MIN
@@ -51,7 +64,7 @@ int64 = DType.INT64
 bool_ = DType.BOOL
 
 __all__ = [
-    "init", "Group", "Work", "ReduceOp", "DType", "library_path",
+    "init", "Group", "Work", "ReduceOp", "DType", "library_path", "dump_trace",
     "Error", "Timeout", "PeerLost", "InvalidArgument", "Unsupported", "Aborted", "Desync",
     "ProtocolError", "IoError", "InternalError",
     "SUM", "PROD", "MIN", "MAX", "AVG", "PREMUL_SUM", "BAND", "BOR", "BXOR",

@@ -100,6 +100,7 @@ _PROTOTYPES = {
     "weft_work_wait": [c_work_p, ctypes.c_int64],
     "weft_work_test": [c_work_p, ctypes.POINTER(ctypes.c_int)],
     "weft_work_free": [c_work_p],
+    "weft_dump_trace": [ctypes.c_char_p, _sizes],
 }
 
 for _name, _args in _PROTOTYPES.items():

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -532,6 +533,41 @@ TEST_CASE("weft_new_group and weft_split make sub-groups, NULL on ranks left out
     EXPECT_OK(weft_group_destroy(pair));
     EXPECT_OK(weft_group_destroy(split));
     leave(world);
+  });
+}
+
+TEST_CASE("weft_dump_trace writes this rank's flight recorder where WEFT_TRACE_DIR says",
+          "[c_api][multiproc]") {
+  // The folder meson gives every test (earlier cases of this binary already read the
+  // configuration, which children inherit): other tests may dump there too, so a file that is
+  // not ours is read again after another dump.
+  const char* dir = std::getenv("WEFT_TRACE_DIR");
+  const std::string folder = dir != nullptr && *dir != '\0' ? dir : ".";
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    weft_group_t* g = join(port, rank, 2);
+    int32_t x[4] = {rank, rank, rank, rank};
+    EXPECT_OK(weft_all_reduce(g, x, x, 4, WEFT_INT32, WEFT_SUM, nullptr));
+    const std::string reason = fmt::format("from C, pid {}", getpid());
+    const std::string path = fmt::format("{}/weft-trace-rank{}.json", folder, rank);
+    bool found = false;
+    for (int attempt = 0; attempt < 5 && !found; ++attempt) {
+      size_t written = 99;
+      EXPECT_OK(weft_dump_trace(reason.c_str(), &written));
+      RANK_CHECK(written == 1, "{}", written);
+      FILE* file = std::fopen(path.c_str(), "r");
+      RANK_CHECK(file != nullptr, "no {}", path);
+      std::string text(1 << 20, '\0');
+      text.resize(std::fread(text.data(), 1, text.size(), file));
+      std::fclose(file);
+      found = text.find(fmt::format("\"reason\": \"{}\"", reason)) != std::string::npos;
+      if (found) {
+        RANK_CHECK(text.find("\"op\": \"all_reduce\"") != std::string::npos, "{}", text);
+      }
+    }
+    RANK_CHECK(found, "{} never held this rank's dump", path);
+    EXPECT_OK(weft_dump_trace(nullptr, nullptr));
+    leave(g);
   });
 }
 

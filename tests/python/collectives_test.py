@@ -298,6 +298,11 @@ expect_raises(weft.Aborted, lambda: doomed.all_reduce(np.ones(2)),
 doomed.destroy()
 expect_raises(weft.InvalidArgument, lambda: doomed.barrier(), "the group was destroyed")
 
+# ---- The flight recorder: one file for this rank, where WEFT_TRACE_DIR says.
+expect_equal(weft.dump_trace("from python"), 1, "files dump_trace wrote")
+trace_dir = os.environ.get("WEFT_TRACE_DIR") or "."
+assert os.path.exists(os.path.join(trace_dir, f"weft-trace-rank{R}.json")), trace_dir
+
 half.destroy()
 if evens is not None:
     evens.destroy()
