@@ -16,6 +16,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "weft/config.h"
+#include "weft/tcp_store.h"
+
 #include "runtime/shm_names.h"
 
 extern char** environ;
@@ -33,6 +36,9 @@ constexpr size_t kMaxTailLineBytes = 512;
 // After the last rank exits, how long its descendants may keep the pipes open before weftrun
 // stops relaying and exits anyway.
 constexpr std::chrono::milliseconds kDrainAfterExit{2000};
+// Beyond WEFT_TRACE_POLL, for the ranks to write their flight-recorder dumps after a failure
+// that asked them to (a dump is milliseconds; the poll is what they wait for).
+constexpr std::chrono::milliseconds kDumpMargin{500};
 
 // The variables weftrun sets; inherited values of the same names are dropped.
 constexpr const char* kLaunchVariables[] = {"RANK",
@@ -240,6 +246,20 @@ void Supervisor::stop_all(int sig) {
   }
 }
 
+bool Supervisor::dump_requested() const {
+  if (weft::config().trace_buffer == 0) return false;
+  try {
+    weft::TCPStoreOptions store;
+    store.host = options_.master_addr;
+    store.port = store_port_;
+    store.timeout = std::chrono::seconds(1);
+    // Every rank's trace thread reads this counter (creating it at 0); a request adds one.
+    return weft::TCPStore(store).add("weft/trace/requests", 0) > 0;
+  } catch (const std::exception&) {
+    return false;  // no store (any more): nobody can be asked anything
+  }
+}
+
 void Supervisor::reap() {
   for (;;) {
     int status = 0;
@@ -254,7 +274,14 @@ void Supervisor::reap() {
       ::kill(-rank.pid, SIGKILL);
       if (failed(status) && first_failed_ < 0 && forwarded_signal_ == 0 && !rank.stopped_by_us) {
         first_failed_ = static_cast<int>(i);
-        stop_all(SIGTERM);
+        if (dump_requested()) {
+          // Each rank's trace thread answers within a poll: stopping them now would lose the
+          // survivors' view of the failure.
+          stop_at_ = Clock::now() + weft::config().trace_poll + kDumpMargin;
+          waited_for_dumps_ = true;
+        } else {
+          stop_all(SIGTERM);
+        }
       }
     }
   }
@@ -312,6 +339,7 @@ int Supervisor::run() {
       timeout_ms = timeout_ms < 0 ? bounded : std::min(timeout_ms, bounded);
     };
     if (stopping_ && !killed_) until(kill_deadline_);
+    if (stop_at_) until(*stop_at_);
     if (drain_deadline) until(*drain_deadline);
 
     int ready = ::poll(fds.data(), fds.size(), timeout_ms);
@@ -320,6 +348,10 @@ int Supervisor::run() {
       if (fds[i].revents != 0) read_output(*owners[i].first, owners[i].second);
     }
     if (ready > 0 && fds[0].revents != 0) handle_signal();
+    if (stop_at_ && Clock::now() >= *stop_at_) {
+      stop_at_.reset();
+      if (!stopping_) stop_all(SIGTERM);
+    }
     if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) {
       killed_ = true;
       for (Rank& rank : ranks_) {
@@ -358,6 +390,12 @@ std::string Supervisor::summary() const {
     if (ranks_.size() > 1) {
       text += fmt::format("; stopped the other ranks (SIGTERM, SIGKILL after {:g} s)",
                           static_cast<double>(options_.grace_period.count()) / 1000.0);
+      if (waited_for_dumps_) {
+        text += fmt::format(
+            " once they had written their flight recorders (it asked them to): `weft-trace {}` "
+            "says who was behind",
+            weft::config().trace_dir.empty() ? "." : weft::config().trace_dir);
+      }
     }
     text += "\n";
   } else if (forwarded_signal_ != 0) {

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <optional>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -70,6 +71,9 @@ class Supervisor {
   void handle_signal();
   // Sends sig to every running rank's process group and arms the SIGKILL deadline.
   void stop_all(int sig);
+  // Whether a rank asked the job to dump its flight recorders (docs/flight-recorder.md): then
+  // the others get a moment to do so before they are stopped.
+  bool dump_requested() const;
   // True when no started rank is still running.
   bool all_exited() const;
   std::string summary() const;
@@ -86,6 +90,9 @@ class Supervisor {
   bool stopping_ = false;     // SIGTERM (or a forwarded signal) sent; SIGKILL at kill_deadline_
   bool killed_ = false;       // SIGKILL sent
   std::chrono::steady_clock::time_point kill_deadline_;
+  // After a failure whose rank asked every rank to dump: when to stop the others.
+  std::optional<std::chrono::steady_clock::time_point> stop_at_;
+  bool waited_for_dumps_ = false;
   // Our stdout / stderr failed (closed pipe): relay nothing more to it, but keep the ranks' tails.
   bool output_closed_[2] = {false, false};
 };
