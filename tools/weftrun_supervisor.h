@@ -6,9 +6,9 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <optional>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 

@@ -8,6 +8,8 @@
 //                         exiting, so the launcher has to stop it
 //   --ignore-sigterm      ignore SIGTERM, so the launcher has to escalate to SIGKILL
 //   --abort-on-sigterm    abort() on SIGTERM: a rank that dies of its own signal while stopped
+//   --dump-request        the exiting rank (--exit-rank) first asks the job to dump its flight
+//                         recorders, as a rank that timed out does (docs/flight-recorder.md)
 //   --shm-stall R         before printing, every rank but R starts shared-memory set-up with
 //                         every peer while R takes TCP only, so the others wait in set-up, their
 //                         segments created and not yet unlinked, until they are stopped
@@ -45,6 +47,7 @@ void abort_now(int) { std::abort(); }
 int main(int argc, char** argv) {
   int lines = 1, exit_rank = -1, exit_code = 0, kill_rank = -1, shm_stall = -1;
   bool hang = false;
+  bool dump_request = false;
   for (int i = 1; i < argc; ++i) {
     auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : -1; };
     if (std::strcmp(argv[i], "--lines") == 0) {
@@ -61,6 +64,8 @@ int main(int argc, char** argv) {
       signal(SIGTERM, SIG_IGN);
     } else if (std::strcmp(argv[i], "--abort-on-sigterm") == 0) {
       signal(SIGTERM, abort_now);
+    } else if (std::strcmp(argv[i], "--dump-request") == 0) {
+      dump_request = true;
     } else if (std::strcmp(argv[i], "--shm-stall") == 0) {
       shm_stall = next();
     } else {
@@ -99,7 +104,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: on stderr\n", r);
     std::fflush(stdout);
     std::fflush(stderr);
-    if (r == exit_rank) std::exit(exit_code);
+    if (r == exit_rank) {
+      if (dump_request) {
+        const int64_t n = store.add("weft/trace/requests", 1);
+        store.set("weft/trace/request/" + std::to_string(n), "file rank_program --dump-request");
+      }
+      std::exit(exit_code);
+    }
     if (r == kill_rank) raise(SIGKILL);
     if (hang) {
       std::printf("rank %d waiting\n", r);

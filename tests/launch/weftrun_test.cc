@@ -200,6 +200,8 @@ TEST_CASE("a rank that exits 3 makes weftrun stop the others and exit 3 naming i
   CHECK(code == 3);
   CHECK(std::regex_search(out, std::regex("weftrun: rank 2 \\(pid [0-9]+\\) exited with code 3 "
                                           "first; stopped the other ranks")));
+  // Nobody asked for flight-recorder dumps: the others are stopped at once.
+  CHECK_THAT(out, !Catch::Contains("flight recorders"));
   for (int r : {0, 1, 3}) {
     CHECK(std::regex_search(
         out, std::regex(fmt::format("weftrun:   rank {} \\(pid [0-9]+\\) was killed by signal 15 "
@@ -218,6 +220,28 @@ TEST_CASE("a rank that exits 3 makes weftrun stop the others and exit 3 naming i
   CHECK_THAT(out, Catch::Contains("weftrun: rank 2's output is above (weftrun --prefix marks each "
                                   "line with its rank)\n"));
   CHECK_THAT(out, !Catch::Contains("last lines"));
+}
+
+TEST_CASE("a failed rank that asked for flight-recorder dumps gets the others a poll's time first",
+          "[launch][weftrun][multiproc]") {
+  const auto start = std::chrono::steady_clock::now();
+  Weftrun run(
+      concat({"--nproc-per-node", "3", "--standalone", "--grace-period", "2"},
+             program({"--exit-rank", "1", "--exit-code", "3", "--dump-request", "--hang"})));
+  int code = run.finish();
+  const auto took = std::chrono::steady_clock::now() - start;
+  const std::string& out = run.output();
+  INFO(out);
+  CHECK(code == 3);
+  CHECK_THAT(out, Catch::Contains("stopped the other ranks (SIGTERM, SIGKILL after 2 s) once they "
+                                  "had written their flight recorders (it asked them to)"));
+  // WEFT_TRACE_POLL (1 s by default) and a margin passed before the SIGTERM.
+  CHECK(took >= std::chrono::milliseconds(1400));
+  for (int r : {0, 2}) {
+    CHECK(std::regex_search(
+        out,
+        std::regex(fmt::format("weftrun:   rank {} \\(pid [0-9]+\\) was killed by signal 15", r))));
+  }
 }
 
 TEST_CASE("a rank killed by SIGKILL is named with its signal and weftrun exits 137",
