@@ -1,4 +1,5 @@
-// recorder_bench: what the flight recorder costs per operation (runtime/flight_recorder.h),
+// recorder_bench (built in tests/, as it reaches into runtime/): what the flight recorder costs per
+// operation (runtime/flight_recorder.h),
 // measured alone, so that the figure is not lost in the noise of a collective's own latency.
 // One thread records operations the way a group and its progress thread do: queued (with the
 // call's arguments), started, the algorithm, completed; a TraceRef copied as a Collective and a
