@@ -162,6 +162,11 @@ GroupDump parse_group(const Reader& in, const json& object, const std::string& w
   g.last_queued_seq = in.count(object, "last_queued_seq", where);
   g.last_started_seq = in.count(object, "last_started_seq", where);
   g.last_completed_seq = in.count(object, "last_completed_seq", where);
+  if (auto running = object.find("running"); running != object.end() && running->is_object()) {
+    g.running_seq = in.count(*running, "seq", where + ".running");
+    g.running_started_ns =
+        static_cast<int64_t>(in.count(*running, "started_ns", where + ".running"));
+  }
   const json& entries = in.array(object, "entries", where);
   g.entries.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -1071,9 +1076,18 @@ std::string render_text(const Analysis& a) {
       const Entry* shown = d.last_queued_seq > d.last_completed_seq
                                ? entry_at(d, d.last_completed_seq + 1)
                                : nullptr;
-      if (shown == nullptr && !d.entries.empty()) shown = &d.entries.back();
-      if (shown != nullptr)
-        newest = describe(*shown) + ": " + timeline(*shown, m.process->dumped_at_ns);
+      if (shown == nullptr && d.running_started_ns != 0 && d.running_seq != 0) {
+        // Issued so far ahead that the ring no longer holds it (benchmarks issue every iteration
+        // before they wait): the dump still says what runs.
+        newest =
+            fmt::format("#{}: started {} before its dump, still running (no longer in the ring)",
+                        d.running_seq, duration(m.process->dumped_at_ns - d.running_started_ns));
+      } else {
+        if (shown == nullptr && !d.entries.empty()) shown = &d.entries.back();
+        if (shown != nullptr) {
+          newest = describe(*shown) + ": " + timeline(*shown, m.process->dumped_at_ns);
+        }
+      }
       line(fmt::format("{}  {:>11}  {:>12}  {:>14}  {}", cols,
                        "#" + std::to_string(d.last_queued_seq),
                        "#" + std::to_string(d.last_started_seq),

@@ -101,6 +101,10 @@ struct GroupDump {
   uint64_t last_queued_seq = 0;
   uint64_t last_started_seq = 0;
   uint64_t last_completed_seq = 0;
+  // The operation running at the dump ("running", kept outside the ring): seq 0 and started 0
+  // when none ran (or the dump predates the field).
+  uint64_t running_seq = 0;
+  int64_t running_started_ns = 0;
   std::vector<Entry> entries;  // oldest first
 };
 
