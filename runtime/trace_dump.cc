@@ -189,7 +189,16 @@ std::string TraceWorld::dump_json(const std::string& reason) {
   return out;
 }
 
+bool TraceWorld::has_groups() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::any_of(recorders_.begin(), recorders_.end(),
+                     [](const auto& weak) { return !weak.expired(); });
+}
+
 std::string TraceWorld::dump(const std::string& reason) {
+  // Every group of the world is gone (the world is being torn down, and a late request came):
+  // an empty dump would replace the file that says what happened.
+  if (!has_groups()) return "";
   const std::string text = dump_json(reason);
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -43,7 +43,8 @@ class TraceWorld : public std::enable_shared_from_this<TraceWorld> {
   // A recorder for a new group of this world, kept in its dumps while the group lives.
   std::shared_ptr<FlightRecorder> make_recorder(FlightRecorder::GroupInfo info);
 
-  // Writes this rank's dump file now; returns its path ("" if it could not be written: logged).
+  // Writes this rank's dump file now; returns its path ("" if it could not be written, which is
+  // logged, or when no group of the world is left to dump).
   std::string dump(const std::string& reason);
   // The dump's JSON text (docs/flight-recorder.md).
   std::string dump_json(const std::string& reason);
@@ -63,6 +64,8 @@ class TraceWorld : public std::enable_shared_from_this<TraceWorld> {
   // answers the requests posted since the last call. Throws what the store throws.
   void serve_store(Store& store, bool& ready);
   void watchdog();
+  // Whether any group of this world still lives.
+  bool has_groups();
   // Asks every rank of the job to dump (mode "file"), unless another rank already did.
   void post_request(Store& store, const std::string& request);
 
