@@ -48,7 +48,26 @@ TEST_CASE("an empty environment gives the documented defaults", "[core][config]"
   CHECK(c.algo.empty());
   CHECK(c.spin_us == -1);
   CHECK(c.plugin_path.empty());
+  CHECK(c.trace_buffer == 2000);
+  CHECK(c.trace_dir.empty());
+  CHECK(c.trace_poll == milliseconds(1000));
   CHECK(c.unknown.empty());
+}
+
+TEST_CASE("the flight recorder's variables parse, and bad values are named", "[core][config]") {
+  const Config c = parse(
+      {{"WEFT_TRACE_BUFFER", "0"}, {"WEFT_TRACE_DIR", "/tmp/dumps"}, {"WEFT_TRACE_POLL", "250ms"}});
+  CHECK(c.trace_buffer == 0);
+  CHECK(c.trace_dir == "/tmp/dumps");
+  CHECK(c.trace_poll == milliseconds(250));
+  CHECK(parse({{"WEFT_TRACE_BUFFER", "50000"}}).trace_buffer == 50000);
+  for (const char* bad : {"-1", "lots", "20000000", "1e3"}) {
+    CHECK_THAT(parse_error({{"WEFT_TRACE_BUFFER", bad}}),
+               Catch::Contains("WEFT_TRACE_BUFFER") && Catch::Contains("0 (off)"));
+  }
+  CHECK_THAT(parse_error({{"WEFT_TRACE_POLL", "5ms"}}),
+             Catch::Contains("WEFT_TRACE_POLL=\"5ms\"") && Catch::Contains("at least 10 ms"));
+  CHECK_THAT(parse_error({{"WEFT_TRACE_POLL", "often"}}), Catch::Contains("WEFT_TRACE_POLL"));
 }
 
 TEST_CASE("every WEFT_ variable is parsed into its field", "[core][config]") {
