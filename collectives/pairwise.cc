@@ -16,7 +16,7 @@ constexpr std::string_view kWhere = "pairwise all_to_all";
 void exchange(const Context& ctx, const std::byte* in, std::byte* out,
               std::span<const size_t> send_counts, std::span<const size_t> recv_counts,
               const std::vector<size_t>& send_offsets, const std::vector<size_t>& recv_offsets,
-              size_t element, bool skip_empty) {
+              size_t element) {
   const int size = ctx.transport.size();
   const int rank = ctx.transport.rank();
   if (send_counts[rank] > 0) {
@@ -27,14 +27,13 @@ void exchange(const Context& ctx, const std::byte* in, std::byte* out,
   for (int step = 1; step < size; ++step) {
     const int to = (rank + step) % size;
     const int from = (rank - step + size) % size;
-    if (!skip_empty || recv_counts[from] > 0) {
-      inflight.recv(from, out + recv_offsets[from] * element, recv_counts[from] * element,
-                    static_cast<uint32_t>(step));
-    }
-    if (!skip_empty || send_counts[to] > 0) {
-      inflight.send(to, in + send_offsets[to] * element, send_counts[to] * element,
-                    static_cast<uint32_t>(step));
-    }
+    // Empty blocks are exchanged too (zero-byte messages): a rank cannot know that its peer
+    // skips the block it expects, as a rank whose own splits are all 0 took the even path
+    // (skipping every block) while its peers, with splits that differ, waited for them.
+    inflight.recv(from, out + recv_offsets[from] * element, recv_counts[from] * element,
+                  static_cast<uint32_t>(step));
+    inflight.send(to, in + send_offsets[to] * element, send_counts[to] * element,
+                  static_cast<uint32_t>(step));
     // One pair at a time: the point of the algorithm (see the header).
     inflight.wait_all("", step - 1, size - 1);
   }
@@ -42,7 +41,7 @@ void exchange(const Context& ctx, const std::byte* in, std::byte* out,
 
 // Runs the exchange from `input`, or from a scratch copy of it when it overlaps `output`.
 void run(const Context& ctx, const void* input, void* output, std::span<const size_t> send_counts,
-         std::span<const size_t> recv_counts, DType dtype, bool skip_empty) {
+         std::span<const size_t> recv_counts, DType dtype) {
   const int size = ctx.transport.size();
   const int rank = ctx.transport.rank();
   const std::vector<size_t> send_offsets = detail::offsets_of(kWhere, send_counts, size);
@@ -64,7 +63,7 @@ void run(const Context& ctx, const void* input, void* output, std::span<const si
     in = staged.data();
   }
   exchange(ctx, in, static_cast<std::byte*>(output), send_counts, recv_counts, send_offsets,
-           recv_offsets, dtype_size(dtype), skip_empty);
+           recv_offsets, dtype_size(dtype));
 }
 
 }  // namespace
@@ -72,14 +71,13 @@ void run(const Context& ctx, const void* input, void* output, std::span<const si
 void pairwise_all_to_all(const Context& ctx, const void* input, void* output, size_t count,
                          DType dtype) {
   const std::vector<size_t> counts(std::max(ctx.transport.size(), 0), count);
-  // Every rank has the same count, so empty blocks are empty on both ends and can be skipped.
-  run(ctx, input, output, counts, counts, dtype, /*skip_empty=*/true);
+  run(ctx, input, output, counts, counts, dtype);
 }
 
 void pairwise_all_to_all(const Context& ctx, const void* input, void* output,
                          std::span<const size_t> send_counts, std::span<const size_t> recv_counts,
                          DType dtype) {
-  run(ctx, input, output, send_counts, recv_counts, dtype, /*skip_empty=*/false);
+  run(ctx, input, output, send_counts, recv_counts, dtype);
 }
 
 }  // namespace weft::collectives

@@ -90,6 +90,39 @@ TEST_CASE("pairwise all_to_all delivers block j of rank i to block i of rank j o
   }
 }
 
+TEST_CASE(
+    "a rank whose splits are all 0 takes the even path; the others' uneven one still meets it",
+    "[collectives][all_to_all]") {
+  // The dispatch picks the even algorithm by this rank's counts alone: rank 0, which sends and
+  // receives nothing, goes even (count 0) while the others, whose splits differ, go uneven. Found
+  // by the soak test (a hang until the timeout when empty blocks were skipped on one side only).
+  for (int size = 2; size <= 4; ++size) {
+    report(run_world(size, eager_limit_for(size), [&](Transport& transport, int rank, Failures& f) {
+      std::vector<size_t> send_counts(size), recv_counts(size);
+      for (int j = 0; j < size; ++j) {
+        send_counts[j] = rank == 0 || j == 0 ? 0 : static_cast<size_t>(rank + j);
+        recv_counts[j] = rank == 0 || j == 0 ? 0 : static_cast<size_t>(j + rank);
+      }
+      std::vector<std::byte> input, want;
+      for (int j = 0; j < size; ++j) {
+        const auto out_block = block_of(DType::Int32, rank, j, send_counts[j]);
+        input.insert(input.end(), out_block.begin(), out_block.end());
+        const auto in_block = block_of(DType::Int32, j, rank, recv_counts[j]);
+        want.insert(want.end(), in_block.begin(), in_block.end());
+      }
+      std::vector<std::byte> output(want.size(), std::byte{0x5A});
+      const Context ctx = context(transport, 1, nullptr);
+      if (rank == 0) {
+        collectives::pairwise_all_to_all(ctx, input.data(), output.data(), 0, DType::Int32);
+      } else {
+        collectives::pairwise_all_to_all(ctx, input.data(), output.data(), send_counts, recv_counts,
+                                         DType::Int32);
+      }
+      if (output != want) f.add(fmt::format("{} ranks, rank {}: output differs", size, rank));
+    }));
+  }
+}
+
 TEST_CASE("no rank leaves the dissemination barrier before every rank has entered it, 1..8",
           "[collectives][barrier]") {
   constexpr int kRounds = 50;
