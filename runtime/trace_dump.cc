@@ -128,7 +128,10 @@ std::shared_ptr<TraceWorld> TraceWorld::create(std::shared_ptr<Store> store, int
 }
 
 TraceWorld::TraceWorld(std::shared_ptr<Store> store, int rank, int size)
-    : store_(std::move(store)), rank_(rank), size_(size) {
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      signals_at_start_(sigusr1_count.load(std::memory_order_relaxed)) {
   // A launcher's job id is known at once; otherwise the thread agrees on one through the store.
   JobId job = launcher_job_id([](const char* name) { return std::getenv(name); });
   job_ = job.value;
@@ -283,7 +286,9 @@ void TraceWorld::loop() {
     poll_store_ = store;
   }
   bool ready = false;
-  uint64_t signals_seen = sigusr1_count.load(std::memory_order_relaxed);
+  // From when the world was made, not from when this thread got round to it: a SIGUSR1 that
+  // came while it was connecting to the store is answered too.
+  uint64_t signals_seen = signals_at_start_;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     lock.unlock();

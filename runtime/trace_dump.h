@@ -72,6 +72,7 @@ class TraceWorld : public std::enable_shared_from_this<TraceWorld> {
   const std::shared_ptr<Store> store_;
   const int rank_;
   const int size_;
+  const uint64_t signals_at_start_;  // SIGUSR1s before this world: not for it
 
   std::mutex mutex_;
   std::condition_variable wake_;
