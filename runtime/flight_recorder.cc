@@ -300,9 +300,7 @@ bool FlightRecorder::read(uint64_t id, Entry& e) const {
   return true;
 }
 
-namespace {
-
-void append_escaped(std::string& out, std::string_view text) {
+void append_json_string(std::string& out, std::string_view text) {
   out += '"';
   for (char ch : text) {
     const auto c = static_cast<unsigned char>(ch);
@@ -333,15 +331,13 @@ void append_escaped(std::string& out, std::string_view text) {
   out += '"';
 }
 
-}  // namespace
-
 void FlightRecorder::append_json(std::string& out) const {
   const uint64_t end = recorded();
   const uint64_t begin = end > capacity_ ? end - capacity_ : 0;
   out += "{\"name\": ";
-  append_escaped(out, info_.name);
+  append_json_string(out, info_.name);
   out += ", \"id\": ";
-  append_escaped(out, info_.id);
+  append_json_string(out, info_.id);
   out += fmt::format(", \"rank\": {}, \"size\": {}, \"global_ranks\": [{}]", info_.rank, info_.size,
                      fmt::join(info_.global_ranks, ", "));
   out += fmt::format(
@@ -384,7 +380,7 @@ void FlightRecorder::append_json(std::string& out) const {
         e.reduce_op < 0 ? std::string_view()
                         : reduce_op_name(ReduceOp(static_cast<ReduceOp::Kind>(e.reduce_op))),
         e.root, e.peer, e.tag, e.fingerprint);
-    append_escaped(out, e.algorithm);
+    append_json_string(out, e.algorithm);
     out += fmt::format(
         ", \"state\": \"{}\", \"queued_ns\": {}, \"started_ns\": {}, \"ended_ns\": {}, "
         "\"thread\": {}",
@@ -392,17 +388,16 @@ void FlightRecorder::append_json(std::string& out) const {
     if (e.state == static_cast<uint8_t>(State::Failed)) {
       const Failure* failure = failure_of(e.id);
       out += ", \"error_code\": ";
-      append_escaped(out, failure != nullptr ? failure->code : "");
+      append_json_string(out, failure != nullptr ? failure->code : "");
       out += ", \"error\": ";
-      append_escaped(out, failure != nullptr ? failure->message : "");
+      append_json_string(out, failure != nullptr ? failure->message : "");
     }
     out += '}';
   }
   out += first ? "]}" : "\n]}";
 }
 
-std::optional<std::string> FlightRecorder::overdue(std::chrono::nanoseconds grace) {
-  const int64_t now = now_ns();
+std::optional<std::string> FlightRecorder::overdue(std::chrono::nanoseconds grace, int64_t now) {
   const int64_t limit = std::chrono::nanoseconds(info_.timeout).count() + grace.count();
   const uint64_t end = recorded();
   const uint64_t begin = end > capacity_ ? end - capacity_ : 0;

@@ -85,7 +85,8 @@ class FlightRecorder {
   // The watchdog's question: is the oldest unfinished operation still running (or still waiting
   // to start) `grace` past the group's timeout? Returns a description of it the first time the
   // answer is yes for that operation, nullopt otherwise.
-  std::optional<std::string> overdue(std::chrono::nanoseconds grace);
+  // `now`: now_ns() (a test passes a later time rather than sleeping).
+  std::optional<std::string> overdue(std::chrono::nanoseconds grace, int64_t now = now_ns());
 
   const GroupInfo& info() const { return info_; }
   size_t capacity() const { return capacity_; }
@@ -162,6 +163,9 @@ class FlightRecorder {
 inline void note_algorithm(const TraceRef& trace, std::string_view name) {
   if (trace.recorder) trace.recorder->note_algorithm(trace.first, name);
 }
+
+// Appends `text` to `out` as a JSON string (quoted, escaped): the dumps' one string writer.
+void append_json_string(std::string& out, std::string_view text);
 
 // The entries of a unit of collectives posted together (a coalesced group): the group records
 // them one after another, so they are consecutive.

@@ -79,24 +79,6 @@ std::string random_job_id() {
   return fmt::format("{:016x}", any(device));
 }
 
-void append_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (ch == '\n') {
-      out += "\\n";
-    } else if (c < 0x20) {
-      out += fmt::format("\\u{:04x}", c);
-    } else {
-      out += ch;
-    }
-  }
-  out += '"';
-}
-
 bool write_file(const std::string& path, const std::string& text) {
   static std::atomic<uint64_t> serial{0};
   const std::string temporary = fmt::format("{}.tmp.{}.{}", path, getpid(), serial.fetch_add(1));
@@ -171,17 +153,17 @@ std::string TraceWorld::dump_json(const std::string& reason) {
     earlier = reasons_;
   }
   std::string out = "{\n\"format\": \"weft-trace\",\n\"version\": 1,\n\"job\": ";
-  append_string(out, job);
+  append_json_string(out, job);
   out += fmt::format(",\n\"rank\": {},\n\"world_size\": {},\n\"host\": ", rank_, size_);
-  append_string(out, host_name());
+  append_json_string(out, host_name());
   out += fmt::format(",\n\"pid\": {},\n\"weft_version\": ", getpid());
-  append_string(out, weft_version());
+  append_json_string(out, weft_version());
   out += ",\n\"reason\": ";
-  append_string(out, reason);
+  append_json_string(out, reason);
   out += ",\n\"earlier_reasons\": [";
   for (size_t i = 0; i < earlier.size(); ++i) {
     if (i > 0) out += ", ";
-    append_string(out, earlier[i]);
+    append_json_string(out, earlier[i]);
   }
   out += fmt::format("],\n\"dumped_at_ns\": {},\n\"groups\": [", FlightRecorder::now_ns());
   for (size_t i = 0; i < recorders.size(); ++i) {

@@ -157,18 +157,20 @@ TEST_CASE("the watchdog names the oldest operation once it is past the timeout, 
   TraceRef first{recorder, recorder->queued(all_reduce(1, 4, buffer), DType::Float32, 0), 1, 1};
   recorder->started(first);
   recorder->queued(all_reduce(2, 4, buffer), DType::Float32, 0);
+  const std::chrono::milliseconds grace(5);
+  // 25 ms is the timeout plus the grace: the clock is passed in, not slept through.
+  auto later = [](int ms) { return FlightRecorder::now_ns() + int64_t{ms} * 1'000'000; };
   CHECK_FALSE(recorder->overdue(std::chrono::seconds(10)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(40));
-  std::optional<std::string> report = recorder->overdue(std::chrono::milliseconds(5));
+  CHECK_FALSE(recorder->overdue(grace, later(15)));
+  std::optional<std::string> report = recorder->overdue(grace, later(40));
   REQUIRE(report);
   CHECK(report->find("all_reduce #1 started") != std::string::npos);
   CHECK(report->find("group \"world\"") != std::string::npos);
-  CHECK_FALSE(recorder->overdue(std::chrono::milliseconds(5)));
+  CHECK_FALSE(recorder->overdue(grace, later(40)));  // once per operation
   // The first ends; the second cannot start (its thread is stuck): named once it is overdue.
   recorder->finished(first, nullptr);
-  CHECK_FALSE(recorder->overdue(std::chrono::milliseconds(5)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(40));
-  report = recorder->overdue(std::chrono::milliseconds(5));
+  CHECK_FALSE(recorder->overdue(grace, later(15)));
+  report = recorder->overdue(grace, later(40));
   REQUIRE(report);
   CHECK(report->find("all_reduce #2 was issued and has not started") != std::string::npos);
 }
