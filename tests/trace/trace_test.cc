@@ -5,11 +5,15 @@
 //
 // As in tests/faults, the parent makes no weft call (config() would be cached and reach every
 // child through fork); each rank sets WEFT_TRACE_DIR and WEFT_TRACE_POLL before its first one.
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/inotify.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -71,16 +75,28 @@ std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size, millisecon
 
 // Waits (in a rank) until the dumps of `ranks` exist: the store's host (rank 0) must outlive the
 // requests the others answer through it.
+// Dumps are renamed into place, so the folder's IN_MOVED_TO events wake the wait.
 void wait_for_dumps(const DumpDir& dir, const std::vector<int>& ranks,
                     milliseconds bound = seconds(20)) {
   const auto deadline = std::chrono::steady_clock::now() + bound;
+  const int watch = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  RANK_CHECK(watch >= 0, "inotify_init1: {}", std::strerror(errno));
+  RANK_CHECK(inotify_add_watch(watch, dir.path.c_str(), IN_MOVED_TO | IN_CREATE) >= 0,
+             "inotify_add_watch: {}", std::strerror(errno));
   for (int r : ranks) {
     while (!fs::exists(dir.file(r))) {
-      RANK_CHECK(std::chrono::steady_clock::now() < deadline, "no dump from rank {} in {}", r,
-                 dir.path.string());
-      std::this_thread::sleep_for(milliseconds(20));
+      const auto left =
+          std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+      RANK_CHECK(left.count() > 0, "no dump from rank {} in {}", r, dir.path.string());
+      pollfd event{watch, POLLIN, 0};
+      if (poll(&event, 1, static_cast<int>(left.count())) > 0) {
+        char drain[4096];
+        while (read(watch, drain, sizeof drain) > 0) {
+        }
+      }
     }
   }
+  close(watch);
 }
 
 json read_json(const fs::path& path) {
