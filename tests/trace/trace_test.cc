@@ -313,22 +313,26 @@ TEST_CASE("the watchdog names an operation its stuck progress thread cannot star
   auto results = test::run_ranks(2, [&](int rank) {
     trace_into(dir);
     auto pg = join(port, rank, 2, seconds(1));
-    std::vector<float> a(8, static_cast<float>(rank + 1));
+    TCPStore side(TCPStoreOptions{.host = "127.0.0.1", .port = port, .timeout = seconds(30)});
+    // 256 KiB: above the size a waiting caller would run on its own thread, so the progress
+    // thread runs the first all_reduce and its callback.
+    std::vector<float> a(64 << 10, static_cast<float>(rank + 1));
     std::vector<float> b(8, static_cast<float>(rank + 1));
+    if (rank == 1) side.wait({"test/armed"}, seconds(20));  // rank 0's callback is in place
     auto first = pg->all_reduce(Tensor::of(a.data(), a.size()));
     if (rank == 0) {
-      // A completion callback that blocks the progress thread for 3.5 s: the second all_reduce
-      // cannot start meanwhile. Not waited for until the second is issued, so that the progress
-      // thread runs it (a waiting caller would run it on its own thread).
-      first->on_complete([](const Work&) { std::this_thread::sleep_for(milliseconds(3500)); });
-      std::this_thread::sleep_for(milliseconds(200));
+      // A completion callback that blocks the progress thread until the watchdog has dumped:
+      // the second all_reduce cannot start meanwhile.
+      first->on_complete([&](const Work&) { wait_for_dumps(dir, {0}, seconds(20)); });
+      side.set("test/armed", "1");
     } else {
       first->wait(seconds(10));
-      std::this_thread::sleep_for(seconds(3));  // posts the second after the stall began
+      // Posted once the stall has been reported, so that its 1 s timeout does not run out.
+      wait_for_dumps(dir, {0}, seconds(20));
     }
     auto second = pg->all_reduce(Tensor::of(b.data(), b.size()));
-    first->wait(seconds(10));
-    second->wait(seconds(10));
+    first->wait(seconds(30));
+    second->wait(seconds(30));
     for (float x : a) RANK_CHECK(x == 3.0f, "first: {}", x);
     for (float x : b) RANK_CHECK(x == 3.0f, "second: {}", x);
     if (rank == 0) {
