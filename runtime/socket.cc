@@ -21,6 +21,8 @@
 
 #include "weft/error.h"
 
+#include "runtime/fd_limit.h"
+
 namespace weft::net {
 namespace {
 
@@ -129,6 +131,11 @@ Socket connect_with_retry(const std::string& host, uint16_t port, Clock::time_po
       for (addrinfo* a = addrs.head; a; a = a->ai_next) {
         Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
         if (!s.valid()) {
+          // Out of descriptors: retrying until the deadline would only delay the same error.
+          if (out_of_descriptors(errno)) {
+            throw_error(ErrorCode::Io, what,
+                        fmt::format("socket() to connect to {}: {}", target, fd_error_text(errno)));
+          }
           last_error = errno_text(errno);
           continue;
         }
@@ -198,7 +205,7 @@ Socket listen_on(const std::string& host, uint16_t port, uint16_t* bound_port) {
   for (addrinfo* a = addrs.head; a; a = a->ai_next) {
     Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (!s.valid()) {
-      last_error = errno_text(errno);
+      last_error = fd_error_text(errno);
       continue;
     }
     int one = 1;

@@ -19,6 +19,7 @@
 #include "weft/config.h"
 #include "weft/error.h"
 
+#include "runtime/fd_limit.h"
 #include "runtime/log.h"
 #include "runtime/socket.h"
 #include "runtime/store_query.h"
@@ -63,7 +64,7 @@ class TcpStoreServer::Impl {
   void publish_stats();
   void accept_all();
   // Accepts one pending connection and closes it at once; false when even that is impossible.
-  bool refuse_one();
+  bool refuse_one(int err);  // err: accept's errno, EMFILE or ENFILE
   void on_readable(Connection& c);
   void on_writable(Connection& c);
   // Handles the complete queries in data[0, size); returns the bytes used, which is less than
@@ -140,7 +141,7 @@ TcpStoreServer::Impl::Impl(TcpStoreServerOptions options)
   wake_ = net::Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   spare_ = net::Socket(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!epoll_.valid() || !wake_.valid()) {
-    throw_error(ErrorCode::Io, where_, fmt::format("epoll/eventfd: {}", errno_text()));
+    throw_error(ErrorCode::Io, where_, fmt::format("epoll/eventfd: {}", fd_error_text(errno)));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -239,9 +240,10 @@ void TcpStoreServer::Impl::accept_all() {
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      if (errno == EMFILE || errno == ENFILE) {
-        if (refuse_one()) continue;
-        WEFT_LOG_ERROR("{}: out of file descriptors and cannot refuse connections", where_);
+      if (out_of_descriptors(errno)) {
+        const int err = errno;
+        if (refuse_one(err)) continue;
+        WEFT_LOG_ERROR("{}: cannot refuse connections: {}", where_, fd_error_text(err));
         return;
       }
       WEFT_LOG_WARN("{}: accept failed: {}", where_, errno_text());
@@ -274,14 +276,14 @@ void TcpStoreServer::Impl::accept_all() {
   }
 }
 
-bool TcpStoreServer::Impl::refuse_one() {
+bool TcpStoreServer::Impl::refuse_one(int err) {
   // Out of file descriptors: the pending connection would keep the listener readable and spin
   // the loop. Free the spare fd, accept the connection and close it at once, then re-reserve.
   spare_.close();
   int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
   if (fd >= 0) {
-    WEFT_LOG_WARN("{}: refused connection from {}: out of file descriptors", where_,
-                  net::peer_address(fd));
+    WEFT_LOG_WARN("{}: refused connection from {}: {}", where_, net::peer_address(fd),
+                  fd_error_text(err));
     ::close(fd);
   }
   spare_ = net::Socket(::open("/dev/null", O_RDONLY | O_CLOEXEC));

@@ -19,6 +19,7 @@
 #include "weft/config.h"
 #include "weft/tcp_store.h"
 
+#include "runtime/fd_limit.h"
 #include "runtime/shm_names.h"
 
 extern char** environ;
@@ -57,7 +58,8 @@ constexpr const char* kLaunchVariables[] = {"RANK",
 constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 [[noreturn]] void fail(const std::string& what) {
-  throw std::runtime_error(fmt::format("{}: {}", what, std::strerror(errno)));
+  // fd_error_text: EMFILE says which limit and what to do (weftrun holds two pipes per rank).
+  throw std::runtime_error(fmt::format("{}: {}", what, fd_error_text(errno)));
 }
 
 // Writes all of text to fd; false when the reader is gone (EPIPE) or the write fails.

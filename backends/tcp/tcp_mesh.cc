@@ -22,6 +22,7 @@
 #include "weft/error.h"
 
 #include "backends/common/transport_util.h"
+#include "runtime/fd_limit.h"
 #include "runtime/log.h"
 
 namespace weft::tcp {
@@ -269,6 +270,12 @@ std::string TcpMesh::host_fingerprint() {
   gethostname(name, sizeof(name) - 1);
   std::string boot_id;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
+  // Out of descriptors, the boot id would read as unknown and this host as another one, and
+  // set-up would then fail blaming the peers' addresses: say what is wrong instead.
+  if (!in.is_open() && out_of_descriptors(errno)) {
+    throw_error(ErrorCode::Io, "tcp mesh: read /proc/sys/kernel/random/boot_id",
+                fd_error_text(errno));
+  }
   std::getline(in, boot_id);
   return fmt::format("{}/{}", name, boot_id.empty() ? "unknown-boot" : boot_id);
 }
@@ -408,7 +415,7 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
     try {
       s = net::connect_with_retry(record.host, record.port, deadline, what, kRefusedGrace);
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::Io) throw;
+      if (e.code() != ErrorCode::Io || mentions_fd_limit(e.what())) throw;
       throw Error(ErrorCode::Io, fmt::format("{}: the address rank {} published does not reach it "
                                              "from here (or it has exited); {}",
                                              e.what(), peer, advice));
@@ -486,6 +493,12 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
       if (fd >= 0) {
         net::set_nodelay(fd);
         pending.push_back(Pending{net::Socket(fd)});
+      } else if (out_of_descriptors(errno)) {
+        // The connection stays queued and the listener readable: without this, a busy loop
+        // until the deadline.
+        throw_error(
+            ErrorCode::Io, where,
+            fmt::format("accept a connection from a higher rank: {}", fd_error_text(errno, size)));
       }
     }
   }

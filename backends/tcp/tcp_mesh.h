@@ -91,7 +91,8 @@ class TcpMesh {
   // The sockets, indexed by rank; the entry for this rank is invalid. Leaves the mesh empty.
   std::vector<net::Socket> take_sockets();
 
-  // This machine's fingerprint, as published: "hostname/boot-id".
+  // This machine's fingerprint, as published: "hostname/boot-id". Throws Error(Io) when the
+  // process is out of descriptors (the boot id cannot be read; fd_limit.h).
   static std::string host_fingerprint();
   // Which /dev/shm this process sees, as published: "device:inode" of the directory.
   static std::string shm_domain();

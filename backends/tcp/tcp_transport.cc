@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "backends/tcp/tcp_mesh.h"
+#include "runtime/fd_limit.h"
 #include "runtime/reduce.h"
 
 namespace weft::tcp {
@@ -63,7 +64,7 @@ TcpTransport::TcpTransport(int rank, int size, std::vector<net::Socket> sockets,
   wakeup_ = net::Socket(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!epoll_.valid() || !wakeup_.valid()) {
     throw matcher_.error(ErrorCode::Io, "tcp transport",
-                         fmt::format("epoll/eventfd: {}", std::strerror(errno)));
+                         fmt::format("epoll/eventfd: {}", fd_error_text(errno, size)));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;

@@ -1,4 +1,5 @@
 // TcpMesh: pairwise connection setup through a store, and what it refuses.
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -289,6 +290,53 @@ TEST_CASE("a rank that cannot listen makes the others fail at once, naming it",
     }
     RANK_CHECK(Clock::now() - start < 10s, "took the timeout");
   });
+}
+
+TEST_CASE(
+    "a rank out of descriptors fails set-up at once naming RLIMIT_NOFILE, and so do its peers",
+    "[tcp][faults][multiproc]") {
+  // Rank 1 of 3 has room for `room` more descriptors. With 1, its listening socket takes it and
+  // reading the boot id fails (which must not pass for "another host" and blame the addresses);
+  // with 2, it connects to rank 0 and then cannot accept rank 2 (which must not spin until the
+  // deadline). EMFILE is mended by no amount of waiting: it must fail now, naming the limit and
+  // what to do, not at the 60 s timeout, and its peers must not wait for it either.
+  for (int room : {1, 2}) {
+    INFO("room for " << room << " descriptors");
+    TempDir dir;
+    run_ranks_ok(3, [&](int rank) {
+      FileStore store(dir.file("store"), 3);
+      TcpMeshOptions options;
+      options.key_prefix = "no-fds";
+      options.timeout = 60s;
+      if (rank == 1) {
+        const int lowest_free = ::dup(0);
+        RANK_CHECK(lowest_free >= 0);
+        ::close(lowest_free);
+        rlimit limit{};
+        RANK_CHECK(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
+        limit.rlim_cur = static_cast<rlim_t>(lowest_free + room);
+        RANK_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+      }
+      const auto start = Clock::now();
+      try {
+        TcpMesh::connect(store, rank, 3, options);
+        // Rank 0 may have its mesh before rank 1 fails (room 2): its first message will fail.
+        RANK_CHECK(rank == 0, "connect returned although rank 1 is out of descriptors");
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (rank == 1) {
+          RANK_CHECK(what.find("too many open files: RLIMIT_NOFILE is") != std::string::npos &&
+                         what.find("raise it with ulimit -n") != std::string::npos,
+                     "{}", what);
+        }
+        RANK_CHECK(what.find("does not reach it") == std::string::npos &&
+                       what.find("loopback") == std::string::npos,
+                   "blames the address: {}", what);
+      }
+      RANK_CHECK(Clock::now() - start < 10s, "took {} ms, not at once",
+                 (Clock::now() - start) / 1ms);
+    });
+  }
 }
 
 TEST_CASE("tcp mesh rejects a rank outside the group", "[tcp]") {
