@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +16,8 @@
 #include <fmt/format.h>
 
 #include "weft/error.h"
+
+#include "runtime/fd_limit.h"
 
 namespace weft::tcp {
 namespace {
@@ -37,7 +40,26 @@ std::string where(const std::string& name) { return fmt::format("shm segment \"{
 
 [[noreturn]] void throw_errno(const std::string& name, const char* call, int err) {
   throw_error(ErrorCode::Io, where(name),
-              fmt::format("{} failed: {} (errno {})", call, std::strerror(err), err));
+              fmt::format("{} failed: {} (errno {})", call, fd_error_text(err), err));
+}
+
+// What to tell the user when reserving `size` bytes found no room in /dev/shm (ENOSPC): how much
+// room there is, and the two ways out. (glibc's shm_open puts every object in /dev/shm.)
+std::string no_space_text(size_t size) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::string room;
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) == 0) {
+    room = fmt::format(" (it has {:.1f} MiB free of {:.1f} MiB)",
+                       static_cast<double>(fs.f_bavail) * fs.f_frsize / kMiB,
+                       static_cast<double>(fs.f_blocks) * fs.f_frsize / kMiB);
+  }
+  return fmt::format(
+      "/dev/shm is too small: no room for {:.1f} MiB ({} bytes): {}{}; give the job a bigger "
+      "/dev/shm "
+      "(docker run --shm-size, or mount -o remount,size=... /dev/shm), or set WEFT_SHM=0 to use "
+      "TCP between the ranks of a host",
+      static_cast<double>(size) / kMiB, size, std::strerror(ENOSPC), room);
 }
 
 // "/name" from "name" or "/name"; refuses what shm_open would misread or reject.
@@ -85,6 +107,7 @@ ShmSegment ShmSegment::create(std::string_view name_in, size_t size) {
     // Reserve the pages now: a full /dev/shm then fails here with ENOSPC instead of killing a
     // rank with SIGBUS at its first write in the middle of a collective.
     int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+    if (err == ENOSPC) throw_error(ErrorCode::Io, where(name), no_space_text(size));
     if (err != 0) throw_errno(name, "posix_fallocate", err);
     std::byte* data = map(name, fd, size);
     return ShmSegment(std::move(name), data, size, ::getpid());

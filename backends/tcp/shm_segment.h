@@ -44,8 +44,9 @@ class ShmSegment {
  public:
   // Creates the object `name` with `size` bytes (zero-filled), reserves and maps every page.
   // Throws Error(InvalidArgument) for a bad name or size 0, Error(Io) naming the object and
-  // errno when the name exists already or any OS call fails; on failure nothing is left behind
-  // (the name is unlinked again).
+  // errno when the name exists already or any OS call fails; a full /dev/shm (ENOSPC) is an
+  // Error(Io) that says so, with the size wanted, the room there is and what to do. On failure
+  // nothing is left behind (the name is unlinked again).
   static ShmSegment create(std::string_view name, size_t size);
 
   // Maps an existing object created by another process. `expected_size`, when not 0, must be

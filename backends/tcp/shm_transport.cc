@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -65,6 +66,9 @@ int read_remote(pid_t pid, void* dst, uint64_t address, size_t bytes) {
   return 0;
 }
 constexpr size_t kMinRingBytes = 4096;
+// Starts the record of a rank that could not make its segment, followed by its error: no
+// segment name starts with '!' (shm_job_prefix() names start "weft-").
+constexpr std::string_view kFailedRecord = "! ";
 // sched_yield() rounds before a futex sleep when ranks outnumber cores (see doorbell.h).
 using backends::kOversubscribedYieldRounds;
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;  // as TcpTransport: larger is corrupt
@@ -130,7 +134,22 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   const std::string name =
       fmt::format("{}{:016x}-{}-r{}", shm_job_prefix(launcher_job_id(std::getenv).value),
                   options_.group_id, ::getpid(), matcher_.rank());
-  segment_ = ShmSegment::create(name, ring_offset(senders.size(), capacity));
+  auto key = [&](int r) { return fmt::format("{}/{}", options_.key_prefix, r); };
+  try {
+    segment_ = ShmSegment::create(name, ring_offset(senders.size(), capacity));
+  } catch (const Error& e) {
+    // The peers wait for this rank's record: a record that says why there is none fails them at
+    // once (below), instead of at their timeout. A full /dev/shm is the usual cause.
+    if (!senders.empty()) {
+      std::string failed = fmt::format("{}{}", kFailedRecord, e.what());
+      try {
+        store.set(key(matcher_.rank()), Bytes(failed.begin(), failed.end()));
+      } catch (const Error&) {
+        // The store is gone too: the peers learn of this rank's exit from their own timeouts.
+      }
+    }
+    throw matcher_.error(e.code(), "shm transport", e.what());
+  }
   bell_ = Doorbell::create(segment_->data());
   // Oversubscribed (no spinning): yield the core to the rank we wait for before sleeping.
   if (spin_budget_.count() == 0) bell_->set_yield_rounds(kOversubscribedYieldRounds);
@@ -142,7 +161,6 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     record += fmt::format("{}{}", i ? "," : "", senders[i]);
   }
   if (senders.empty()) return;  // nobody to meet: the segment only holds an unused doorbell
-  auto key = [&](int r) { return fmt::format("{}/{}", options_.key_prefix, r); };
   store.set(key(matcher_.rank()), Bytes(record.begin(), record.end()));
 
   // 2. Open every peer's segment and attach the ring towards it.
@@ -152,7 +170,15 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   std::vector<uint64_t> probes(senders.size());
   for (size_t i = 0; i < senders.size(); ++i) {
     Peer& peer = *peers_[senders[i]];
-    std::istringstream in(std::string(records[i].begin(), records[i].end()));
+    std::string text(records[i].begin(), records[i].end());
+    if (text.starts_with(kFailedRecord)) {
+      throw matcher_.error(
+          ErrorCode::Io, "shm transport",
+          fmt::format("rank {} on this host could not make its shared-memory segment, so the "
+                      "group cannot use shared memory here: {}",
+                      peer.rank, text.substr(kFailedRecord.size())));
+    }
+    std::istringstream in(text);
     std::string peer_name, list;
     size_t peer_capacity = 0;
     uint64_t peer_probe = 0;

@@ -8,6 +8,8 @@
 // sender that dies leaves what it wrote readable. Setup (collective over the shared-memory
 // peers, one store round trip):
 //   1. create and format the segment, set "<key_prefix>/<rank>" to "name capacity s0,s1,...";
+//      a rank that cannot create it (a full /dev/shm) sets "! <its error>" instead, so that its
+//      peers fail at once with Error(Io) naming it rather than at their timeout;
 //   2. multi_get the peers' records, open their segments, attach the ring towards each peer
 //      (found by this rank's position in that peer's sender list) and the peer's doorbell;
 //   3. set "<key_prefix>/<peer>/opened/<rank>" for each peer; wait for every peer's key for this
@@ -116,7 +118,8 @@ class ShmTransport final : public collectives::Transport {
   // rank's entry is ignored): those must be on this host, and the relation must be symmetric
   // (if a serves b by shared memory, b serves a). Collective over those peers. Throws
   // Error(InvalidArgument) for bad arguments, Error(Timeout) when a peer's record or
-  // acknowledgement is missing at the deadline, Error(Io) when a segment cannot be made.
+  // acknowledgement is missing at the deadline, Error(Io) when this rank's segment or a peer's
+  // cannot be made (a full /dev/shm says so, with the size wanted and what to do).
   ShmTransport(Store& store, int rank, int size, std::vector<net::Socket> control, Options options);
   ~ShmTransport() override;
   ShmTransport(const ShmTransport&) = delete;

@@ -131,6 +131,10 @@ TEST_CASE("a segment too large for /dev/shm fails at create and leaves no name b
   std::string name = unique_name("huge");
   std::string message = error_of([&] { ShmSegment::create(name, too_big); }, ErrorCode::Io);
   CHECK_THAT(message, Catch::Contains("No space left on device"));
+  // What the user needs: which filesystem, how much was wanted, and the ways out.
+  CHECK_THAT(message, Catch::Contains("/dev/shm is too small: no room for") &&
+                          Catch::Contains(std::to_string(too_big) + " bytes") &&
+                          Catch::Contains("WEFT_SHM=0"));
   error_of([&] { ShmSegment::open(name); }, ErrorCode::Io);
 }
 

@@ -3,6 +3,7 @@
 #include "backends/tcp/shm_transport.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -332,6 +333,50 @@ TEST_CASE("killing a rank mid-transfer fails the others with PeerLost within 5 s
   REQUIRE(results[0].exit_code == 0);
   REQUIRE(results[1].exit_code == 0);
   REQUIRE(results[2].signal == SIGKILL);
+}
+
+TEST_CASE("a rank that cannot make its segment (EMFILE) fails its peer at once, naming it and why",
+          "[shm][faults][multiproc]") {
+  TempDir dir;
+  run_ranks_ok(2, [&](int rank) {
+    FileStore store(dir.file("store"), 2);
+    TcpMeshOptions mesh_options;
+    mesh_options.key_prefix = "test/mesh";
+    mesh_options.timeout = 20s;
+    TcpMesh mesh = TcpMesh::connect(store, rank, 2, mesh_options);
+    ShmTransport::Options options;
+    options.key_prefix = "test/shm";
+    options.group_id = mesh.group_id();
+    options.ring_bytes = kRing;
+    options.timeout = 20s;  // failing at this timeout would fail the bound below
+    if (rank == 1) {
+      // No descriptor left below the limit: shm_open fails with EMFILE, as a full /dev/shm fails
+      // posix_fallocate; both take the same way out (a failed record), and this needs no root.
+      const int lowest_free = ::dup(0);
+      RANK_CHECK(lowest_free >= 0);
+      ::close(lowest_free);
+      rlimit limit{};
+      RANK_CHECK(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
+      limit.rlim_cur = static_cast<rlim_t>(lowest_free);
+      RANK_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+    }
+    const auto start = Clock::now();
+    Error e = expect_error([&] { ShmTransport t(store, rank, 2, mesh.take_sockets(), options); });
+    const auto took = Clock::now() - start;
+    const std::string what = e.what();
+    RANK_CHECK(e.code() == ErrorCode::Io, "got {}", what);
+    RANK_CHECK(what.starts_with(fmt::format("rank {}/2 group \"world\" shm transport: Io: ", rank)),
+               "{}", what);
+    RANK_CHECK(what.find("too many open files: RLIMIT_NOFILE is") != std::string::npos &&
+                   what.find("ulimit -n") != std::string::npos,
+               "{}", what);
+    if (rank == 0) {
+      RANK_CHECK(what.find("rank 1 on this host could not make its shared-memory segment") !=
+                     std::string::npos,
+                 "{}", what);
+    }
+    RANK_CHECK(took < 5s, "failing took {} ms", (took / 1ms));
+  });
 }
 
 TEST_CASE("abort from another thread fails a blocked wait with Aborted and the peer with PeerLost",
