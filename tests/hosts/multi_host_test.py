@@ -53,20 +53,48 @@ def set_id(case):
 
 def spawn_ranks(spec):
     """Runs inside one host: starts every rank of `spec` at once, waits, prints each one's output
-    as JSON on stdout (the parent reads it), exits with the worst exit code."""
+    as JSON on stdout (the parent reads it), exits with the worst exit code.
+
+    With "stream": true, it also relays every line as the rank prints it ("[i] line", for a
+    parent that waits on what the ranks say), and before the JSON prints "SHM-LEFT: [names]", the
+    weft-* segments left in this host's /dev/shm once its ranks are gone (the host's tmpfs dies
+    with its last process, so only a process inside can look)."""
+    import threading
     procs = []
     for r in spec["ranks"]:
         env = dict(os.environ)
         env.update(r["env"])
-        procs.append(subprocess.Popen(spec["cmd"], env=env, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(r.get("cmd", spec["cmd"]), env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
+    texts = [[] for _ in procs]
+    relays = []
+    if spec.get("stream"):
+        lock = threading.Lock()
+
+        def relay(i, p):
+            for line in p.stdout:
+                texts[i].append(line)
+                with lock:
+                    print(f"[{i}] {line}", end="" if line.endswith("\n") else "\n", flush=True)
+
+        relays = [threading.Thread(target=relay, args=(i, p)) for i, p in enumerate(procs)]
+        for t in relays:
+            t.start()
     outputs = []
     worst = 0
-    for p in procs:
-        out, _ = p.communicate(timeout=spec.get("timeout", 240))
+    for i, p in enumerate(procs):
+        if spec.get("stream"):
+            p.wait(timeout=spec.get("timeout", 240))
+            relays[i].join()
+            out = "".join(texts[i])
+        else:
+            out, _ = p.communicate(timeout=spec.get("timeout", 240))
         outputs.append({"rc": p.returncode, "out": out})
         if p.returncode != 0:
             worst = p.returncode if worst == 0 else worst
+    if spec.get("stream"):
+        print("SHM-LEFT: " + json.dumps(sorted(n for n in os.listdir("/dev/shm")
+                                               if n.startswith("weft-"))), flush=True)
     print(json.dumps(outputs))
     sys.exit(1 if worst else 0)
 
@@ -135,22 +163,31 @@ def check_conformance_ran(text, families, where):
           f"{where}: the conformance suite did not run {families} families on every rank:\n{text}")
 
 
+def weftrun_on_hosts(build, set_no, hosts, per_host, port, program, env=None, wrap=()):
+    """One `weftrun --nnodes HOSTS --node-rank R` per host, as users launch, running `program`
+    on `per_host` ranks each; `wrap` goes before weftrun (e.g. a shell that sets a ulimit).
+    Returns finish()'s results."""
+    weftrun = os.path.join(build, "tools", "weftrun")
+    procs = []
+    for node in range(hosts):
+        cmd = list(wrap) + [weftrun, "--nnodes", str(hosts), "--node-rank", str(node),
+                            "--nproc-per-node", str(per_host), "--master-addr",
+                            f"10.77.{set_no}.1", "--master-port", str(port), "--no-prefix"]
+        rank_env = {"WEFT_TIMEOUT": "60", "WEFT_TEST_LAUNCHER": "env", "WEFT_JOB_ID": JOB_ID}
+        rank_env.update(env or {})
+        procs.append(start_host(set_no, node + 1, {"cmd": cmd + list(program),
+                                                   "ranks": [{"env": rank_env}]}))
+    return finish(procs)
+
+
 def case_weftrun(build, set_no):
     netns("up", set_no, 2)
-    master = f"10.77.{set_no}.1"
-    weftrun = os.path.join(build, "tools", "weftrun")
     conformance = os.path.join(build, "tests", "conformance", "conformance_test")
     perf = os.path.join(build, "benchmarks", "weft-perf")
     families = "[all_reduce],[all_gather],[reduce_scatter],[broadcast],[p2p]"
     for program in ([conformance, families], [perf, "all", "-b", "8", "-e", "4M", "-f", "8",
                                               "-n", "3", "-w", "1", "-c", "1"]):
-        procs = []
-        for node in range(2):
-            cmd = [weftrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
-                   "--master-addr", master, "--master-port", "29611", "--no-prefix"] + program
-            env = {"WEFT_TIMEOUT": "60", "WEFT_TEST_LAUNCHER": "env", "WEFT_JOB_ID": JOB_ID}
-            procs.append(start_host(set_no, node + 1, {"cmd": cmd, "ranks": [{"env": env}]}))
-        results = finish(procs)
+        results = weftrun_on_hosts(build, set_no, 2, 2, 29611, program)
         text = all_output(results)
         check(all(rc == 0 for rc, _ in results),
               f"{os.path.basename(program[0])} on 2 hosts x 2 ranks failed:\n{text}")
