@@ -20,6 +20,9 @@ CASE is one of:
   shm_apart    one machine, two /dev/shm (two ranks in a mount namespace with their own tmpfs,
                same hostname and network): the job runs, TCP between the two halves, and weft
                says so once per process.
+  soak         2 hosts x 4 ranks of weft-soak for 20 s, one weftrun per host: every host exits 0,
+               rank 0's verdict is PASS with every result checked (its --report says 8 ranks,
+               steps and elements checked), and groups spanned the hosts (recv_any refused).
 Each case checks that nothing is left behind: namespaces, links, /dev/shm segments.
 Exit 0 on success, 1 on failure, 77 (meson's "skipped") without root or namespaces.
 """
@@ -48,7 +51,8 @@ def netns(*args, **kw):
 
 def set_id(case):
     # One subnet per case, so that cases run in parallel without sharing names.
-    return {"weftrun": 201, "torchrun": 202, "ifname": 203, "loopback": 204, "token": 205}[case]
+    return {"weftrun": 201, "torchrun": 202, "ifname": 203, "loopback": 204, "token": 205,
+            "soak": 180}[case]
 
 
 def spawn_ranks(spec):
@@ -236,6 +240,59 @@ def case_loopback(build, set_no):
     print(f"ok: a loopback address published across hosts fails in {elapsed:.1f} s, naming it")
 
 
+def sanitized(build):
+    """Whether BUILD was configured with a sanitizer (meson's introspection of its options)."""
+    with open(os.path.join(build, "meson-info", "intro-buildoptions.json")) as f:
+        options = {o["name"]: o["value"] for o in json.load(f)}
+    return options.get("b_sanitize", "none") != "none"
+
+
+def case_soak(build, set_no):
+    """2 hosts x 4 ranks of weft-soak, one weftrun per host (docs/reliability.md, "Soak")."""
+    import re
+    import shutil
+    import tempfile
+    netns("up", set_no, 2)
+    master = f"10.77.{set_no}.1"
+    weftrun = os.path.join(build, "tools", "weftrun")
+    soak = os.path.join(build, "tests", "soak", "weft-soak")
+    tmp = tempfile.mkdtemp(prefix="weft-hosts-soak-")
+    report = os.path.join(tmp, "report.json")
+    # 20 s: the warm-up (20 %, at least 5 s) leaves 15 s of samples against the baseline.
+    program = [soak, "--seconds", "20", "--report", report]
+    if sanitized(build):
+        program += ["--max-bytes", "256K"]  # as tests/soak/meson.build does, for the same reason
+    try:
+        procs = []
+        for node in range(2):
+            cmd = [weftrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "4",
+                   "--master-addr", master, "--master-port", "29618", "--no-prefix"] + program
+            env = {"WEFT_TIMEOUT": "60", "WEFT_JOB_ID": JOB_ID}
+            procs.append(start_host(set_no, node + 1, {"cmd": cmd, "ranks": [{"env": env}]}))
+        results = finish(procs)
+        text = all_output(results)
+        for h, (rc, _) in enumerate(results):
+            check(rc == 0, f"host {h + 1}'s weftrun exited {rc}:\n{text}")
+        check("weft-soak: verdict: PASS (every result checked" in text,
+              f"rank 0 did not give the verdict PASS with every result checked:\n{text}")
+        with open(report) as f:
+            summary = json.load(f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    check(summary["ranks"] == 8, f"the soak ran on {summary['ranks']} ranks, not 8:\n{text}")
+    check(summary["verdict"] == "pass", f"the report's verdict is {summary['verdict']}:\n{text}")
+    check(summary["steps"] > 0 and summary["elements_checked"] > 0,
+          f"{summary['steps']} steps, {summary['elements_checked']} elements checked:\n{text}")
+    # Groups spanning both hosts mix shared memory and TCP, where recv_any is refused and the
+    # soak receives by sender instead: refusals show that the groups did span the hosts.
+    refused = re.search(r"\d+ recv_any \((\d+) refused\)", text)
+    check(refused and int(refused.group(1)) > 0,
+          f"no recv_any was refused: did any group span both hosts?\n{text}")
+    print(f"ok: weft-soak on 2 hosts x 4 ranks: {summary['steps']} steps in "
+          f"{summary['seconds']} s, {summary['elements_checked']} elements checked, "
+          f"{refused.group(1)} recv_any refused across hosts, verdict PASS")
+
+
 def intrude(address, port, seconds):
     """Runs in a host: connects to the store without the token as soon as it listens, sends
     VALIDATE and a SET; prints "closed" when the server closes the connection, else what
@@ -338,7 +395,7 @@ def main():
         set_no = set_id(case)
         try:
             {"weftrun": case_weftrun, "torchrun": case_torchrun, "ifname": case_ifname,
-             "loopback": case_loopback, "token": case_token}[case](build, set_no)
+             "loopback": case_loopback, "token": case_token, "soak": case_soak}[case](build, set_no)
         finally:
             netns("down", set_no)
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
