@@ -293,22 +293,16 @@ def case_soak(build, set_no):
           f"{refused.group(1)} recv_any refused across hosts, verdict PASS")
 
 
-def intrude(address, port, seconds):
-    """Runs in a host: connects to the store without the token as soon as it listens, sends
-    VALIDATE and a SET; prints "closed" when the server closes the connection, else what
-    happened."""
+def intrude(address, port):
+    """Runs in a host while the job runs: connects to the store without the token, sends VALIDATE
+    and a SET; prints "closed" when the server closes the connection, else what happened."""
     import socket
     import struct
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            s = socket.create_connection((address, port), timeout=2)
-            break
-        except OSError as e:
-            if time.monotonic() > deadline:
-                print(f"never connected: {e}")
-                return
-            time.sleep(0.02)
+    try:
+        s = socket.create_connection((address, port), timeout=10)
+    except OSError as e:
+        print(f"never connected: {e}")
+        return
     s.settimeout(10)
     key, value = b"intruder", b"was here"
     s.sendall(struct.pack("<BI", 0, 0x3C85F7CE))
@@ -329,17 +323,34 @@ def case_token(build, set_no):
     perf = os.path.join(build, "benchmarks", "weft-perf")
     program = [perf, "all_reduce", "-b", "1M", "-e", "16M", "-f", "2", "-n", "20", "-w", "2",
                "-c", "1"]
-    procs = []
-    for node in range(2):
-        cmd = [weftrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
-               "--master-addr", master, "--master-port", "29617", "--no-prefix"] + program
-        env = {"WEFT_TIMEOUT": "60", "WEFT_STORE_TOKEN": "s3cret-of-the-job"}
-        procs.append(start_host(set_no, node + 1, {"cmd": cmd, "ranks": [{"env": env}]}))
-    intruder = subprocess.run(
-        [NETNS, "exec", str(set_no), "2", sys.executable, os.path.abspath(__file__), "intrude",
-         master, "29617"], capture_output=True, text=True, timeout=60)
-    results = finish(procs)
+
+    def weftrun_cmd(node):
+        return [weftrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
+                "--master-addr", master, "--master-port", "29617", "--no-prefix"] + program
+
+    env = {"WEFT_TIMEOUT": "60", "WEFT_STORE_TOKEN": "s3cret-of-the-job"}
+    # Host 1's weftrun (it hosts the store) runs without the spawn wrapper, so that its lines
+    # come as they are written: the intruder goes in once weft-perf has printed its column
+    # header, i.e. after rendezvous, while the job runs; no polling of the port.
+    host1 = subprocess.Popen([NETNS, "exec", str(set_no), "1"] + weftrun_cmd(0),
+                             env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    host2 = start_host(set_no, 2, {"cmd": weftrun_cmd(1), "ranks": [{"env": env}]})
+    head = []
+    for line in host1.stdout:
+        head.append(line)
+        if "#wrong" in line:
+            break
+    running = bool(head) and "#wrong" in head[-1]
+    if running:
+        intruder = subprocess.run(
+            [NETNS, "exec", str(set_no), "2", sys.executable, os.path.abspath(__file__),
+             "intrude", master, "29617"], capture_output=True, text=True, timeout=60)
+    rest, _ = host1.communicate(timeout=300)
+    results = [(host1.returncode, [{"rc": host1.returncode, "out": "".join(head) + rest}])]
+    results += finish([host2])
     text = all_output(results)
+    check(running, f"weft-perf never printed its column header on host 1:\n{text}")
     check(intruder.stdout.strip() == "closed",
           f"a client without the token was not turned away: {intruder.stdout}{intruder.stderr}")
     check(all(rc == 0 for rc, _ in results), f"the job failed beside the intruder:\n{text}")
@@ -377,7 +388,7 @@ def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "spawn":
         spawn_ranks(json.loads(sys.argv[2]))
     if len(sys.argv) == 4 and sys.argv[1] == "intrude":
-        intrude(sys.argv[2], int(sys.argv[3]), 30)
+        intrude(sys.argv[2], int(sys.argv[3]))
         return 0
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
