@@ -280,8 +280,13 @@ def mpirun(set_no, hosts_ranks, program, env, timeout=180):
            "--host", hosts, "-np", str(sum(hosts_ranks))]
     for name, value in env.items():
         cmd += ["-x", f"{name}={value}"]
-    p = subprocess.run(cmd + program, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout)
+    try:
+        p = subprocess.run(cmd + program, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        # `netns-hosts down` (in main) kills what is left in the hosts.
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+        raise Failure(f"mpirun ran past {timeout} s: {' '.join(program)}\n{out or ''}")
     return p.returncode, p.stdout
 
 
