@@ -15,6 +15,7 @@
 
 #include "runtime/launch_env.h"
 #include "runtime/log.h"
+#include "runtime/socket.h"
 
 namespace weft {
 namespace {
@@ -70,6 +71,25 @@ void check_rank(const LaunchInfo& info, const std::string& where) {
         ErrorCode::InvalidArgument, where,
         fmt::format("rank {} is out of range for world size {}", info.rank, info.world_size));
   }
+}
+
+// What to do when rank 0 cannot listen on the store's address and port. Either the address is
+// not one of this host's (MASTER_ADDR names another host: under mpirun, rank 0 runs on the
+// first slot's host, which need not be the one named), or the port is taken. Binding the same
+// address at a port the kernel picks tells the two apart.
+std::string listen_advice(const std::string& bind_host, const std::string& master_addr,
+                          StoreUrl::Scheme scheme) {
+  try {
+    net::listen_on(bind_host, 0, nullptr);
+  } catch (const Error&) {
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    return fmt::format("{} is not an address of this host ({}), where rank 0 runs: {}", master_addr,
+                       host,
+                       scheme == StoreUrl::Scheme::Env ? "set MASTER_ADDR to rank 0's host"
+                                                       : "the URL must name rank 0's host");
+  }
+  return "is the port in use? set MASTER_PORT";
 }
 
 // Works out rank, size and the store's address from the URL, the options and the environment.
@@ -224,9 +244,9 @@ Rendezvous rendezvous(const RendezvousOptions& options) {
       try {
         result.server = std::make_unique<TcpStoreServer>(server_options);
       } catch (const Error& e) {
-        throw Error(e.code(), fmt::format("{}: rank 0 cannot host the store: {} (is the port in "
-                                          "use? set MASTER_PORT)",
-                                          where, e.what()));
+        throw Error(e.code(),
+                    fmt::format("{}: rank 0 cannot host the store: {} ({})", where, e.what(),
+                                listen_advice(server_options.host, info.master_addr, url.scheme)));
       }
       WEFT_LOG_INFO("{}: hosting the store on {}:{}", where, server_options.host,
                     result.server->port());

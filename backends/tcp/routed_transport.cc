@@ -48,16 +48,24 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
   const uint64_t group_id = mesh.group_id();
   std::vector<net::Socket> sockets = mesh.take_sockets();
   std::vector<net::Socket> control(size);
-  bool any_shm = false, any_tcp = false;
+  std::vector<int> shm_peers, tcp_peers;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     if (use_shm[peer]) {
       control[peer] = std::move(sockets[peer]);
-      any_shm = true;
+      shm_peers.push_back(peer);
     } else {
-      any_tcp = true;
+      tcp_peers.push_back(peer);
     }
   }
+  const bool any_shm = !shm_peers.empty(), any_tcp = !tcp_peers.empty();
+  // Once per group and rank: the line that shows whether a launch across hosts was seen as such
+  // (shared memory inside a host, TCP between), as NCCL's INFO lines name each peer's transport.
+  auto ranks_text = [](const std::vector<int>& ranks) {
+    return ranks.empty() ? std::string("none") : fmt::format("{}", fmt::join(ranks, ", "));
+  };
+  WEFT_LOG_INFO("rank {}/{} group \"{}\": shared memory with rank(s) {}; TCP with rank(s) {}", rank,
+                size, options.group_name, ranks_text(shm_peers), ranks_text(tcp_peers));
   std::unique_ptr<ShmTransport> shm;
   if (any_shm) {
     ShmTransport::Options shm_options = options.shm_options;

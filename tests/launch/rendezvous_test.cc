@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -480,7 +481,36 @@ TEST_CASE("rank 0 fails with Io naming the address when the store's port is take
     CHECK(e.code() == ErrorCode::Io);
     CHECK_THAT(e.what(), Catch::Contains("rank 0 cannot host the store"));
     CHECK_THAT(e.what(), Catch::Contains(std::to_string(holder.port())));
+    CHECK_THAT(e.what(), Catch::Contains("is the port in use? set MASTER_PORT"));
   }
+}
+
+// Under mpirun across hosts, MASTER_ADDR naming a host other than rank 0's used to read "is the
+// port in use? set MASTER_PORT", which sends the user after the wrong variable.
+TEST_CASE("rank 0 whose MASTER_ADDR is another host's fails naming the address, not the port",
+          "[launch][rendezvous]") {
+  clear_launcher_env();
+  // 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address, unless the kernel lets any
+  // address be bound.
+  std::ifstream nonlocal("/proc/sys/net/ipv4/ip_nonlocal_bind");
+  int any_address = 0;
+  if (nonlocal >> any_address && any_address != 0) {
+    WARN("net.ipv4.ip_nonlocal_bind is on: every address is bindable here; nothing to check");
+    return;
+  }
+  // Rank 0 of 4 ranks on two hosts, as mpirun --host a:2,b:2 -x MASTER_ADDR=... starts it.
+  set_env("OMPI_COMM_WORLD_RANK", "0");
+  set_env("OMPI_COMM_WORLD_SIZE", "4");
+  set_env("OMPI_COMM_WORLD_LOCAL_RANK", "0");
+  set_env("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+  set_env("MASTER_ADDR", "192.0.2.1");
+  set_env("MASTER_PORT", std::to_string(test::free_port()));
+  std::string message = error_of([] { rendezvous({.timeout = seconds(5)}); }, ErrorCode::Io);
+  clear_launcher_env();
+  CHECK_THAT(message, Catch::Contains("rank 0 cannot host the store"));
+  CHECK_THAT(message, Catch::Contains("192.0.2.1 is not an address of this host"));
+  CHECK_THAT(message, Catch::Contains("set MASTER_ADDR to rank 0's host"));
+  CHECK_THAT(message, !Catch::Contains("set MASTER_PORT"));
 }
 
 TEST_CASE("rendezvous refuses bad URLs and missing ranks before touching the network",
