@@ -202,44 +202,67 @@ void hierarchical_reduce_scatter(const Context& ctx, const NodeLayout& layout, c
   const int per_node = checked_ranks_per_node(where, ctx, layout);
   if (total == 0) return;
 
-  // The input's blocks, rail by rail: rail 0's (node 0's first rank's block, node 1's, ...), then
-  // rail 1's. Each input is premultiplied here, once.
   const int node_count = layout.node_count();
-  const detail::Scratch reordered(ctx, total);
-  std::vector<size_t> rail_counts(static_cast<size_t>(per_node), 0);  // per local index
-  std::byte* at = reordered.data();
-  for (int l = 0; l < per_node; ++l) {
-    for (int n = 0; n < node_count; ++n) {
-      const auto r =
-          static_cast<size_t>(layout.nodes[static_cast<size_t>(n)][static_cast<size_t>(l)]);
-      const std::byte* from = static_cast<const std::byte*>(input) + offsets[r] * element;
-      if (reduce::needs_premultiply(op)) {
-        reduce::premultiply(at, from, counts[r], dtype, op.factor);
-      } else if (counts[r] > 0) {
-        std::memcpy(at, from, counts[r] * element);
-      }
-      at += counts[r] * element;
-      rail_counts[static_cast<size_t>(l)] += counts[r];
+  auto rank_at = [&](int n, int l) {
+    return static_cast<size_t>(layout.nodes[static_cast<size_t>(n)][static_cast<size_t>(l)]);
+  };
+  // PremulSum: every input premultiplied once, here, so the phases only sum.
+  const bool premultiply = reduce::needs_premultiply(op);
+  const detail::Scratch scaled(ctx, premultiply ? total : 0);
+  const auto* in = static_cast<const std::byte*>(input);
+  if (premultiply) {
+    reduce::premultiply(scaled.data(), input, offsets.back(), dtype, op.factor);
+    in = scaled.data();
+  }
+  auto block = [&](size_t r) { return in + offsets[r] * element; };
+  // This rank's rail's blocks (node 0's rank of the rail, node 1's, ...), summed over the node.
+  std::vector<size_t> rail_counts(static_cast<size_t>(node_count));
+  std::vector<size_t> rail_offsets(static_cast<size_t>(node_count) + 1, 0);
+  for (int n = 0; n < node_count; ++n) {
+    rail_counts[static_cast<size_t>(n)] = counts[rank_at(n, layout.local)];
+    rail_offsets[static_cast<size_t>(n) + 1] =
+        rail_offsets[static_cast<size_t>(n)] + rail_counts[static_cast<size_t>(n)];
+  }
+  const detail::Scratch rail_sum(ctx, rail_offsets.back() * element);
+  for (int n = 0; n < node_count; ++n) {
+    const size_t bytes = rail_counts[static_cast<size_t>(n)] * element;
+    if (bytes > 0) {
+      std::memcpy(rail_sum.data() + rail_offsets[static_cast<size_t>(n)] * element,
+                  block(rank_at(n, layout.local)), bytes);
     }
   }
-  const std::vector<int> rail_ranks = layout.rail(layout.local);
-  std::vector<size_t> mine_by_node(static_cast<size_t>(node_count));
-  for (int n = 0; n < node_count; ++n) {
-    mine_by_node[static_cast<size_t>(n)] =
-        counts[static_cast<size_t>(rail_ranks[static_cast<size_t>(n)])];
-  }
   const ReduceOp later = summing(op);
-  const detail::Scratch rail_blocks(ctx, rail_counts[static_cast<size_t>(layout.local)] * element);
 
   phase(where, "node reduce-scatter", [&] {
+    // Every local peer gets its rail's blocks straight from the input, all sent at once; the
+    // peers' blocks for this rail are reduced in as they arrive, one peer after another in a
+    // fixed order, so that the sum's order (and bits) do not depend on timing.
     SubTransport node(ctx.transport, layout.nodes[static_cast<size_t>(layout.node)], 0);
     const Context inner{node, ctx.seq, ctx.deadline, ctx.scratch};
-    ring_reduce_scatter(inner, reordered.data(), rail_blocks.data(), rail_counts, dtype, later);
+    detail::Inflight inflight(inner, "direct reduce-scatter");
+    for (int k = 1; k < per_node; ++k) {
+      const int peer = (layout.local + k) % per_node;
+      for (int n = 0; n < node_count; ++n) {
+        inflight.send(peer, block(rank_at(n, peer)), counts[rank_at(n, peer)] * element,
+                      static_cast<uint32_t>(n));
+      }
+    }
+    for (int k = 1; k < per_node; ++k) {
+      const int peer = (layout.local - k + per_node) % per_node;
+      std::vector<Request> pending;
+      for (int n = 0; n < node_count; ++n) {
+        pending.push_back(inflight.recv_reduce(
+            peer, rail_sum.data() + rail_offsets[static_cast<size_t>(n)] * element,
+            rail_counts[static_cast<size_t>(n)], dtype, later, static_cast<uint32_t>(n)));
+      }
+      for (Request request : pending) inflight.wait(request, "", k - 1, per_node - 1);
+    }
+    inflight.wait_all("", per_node - 2, per_node - 1);
   });
   phase(where, "inter-node reduce-scatter", [&] {
-    SubTransport rail(ctx.transport, rail_ranks, 0);
+    SubTransport rail(ctx.transport, layout.rail(layout.local), 0);
     const Context inner{rail, ctx.seq, ctx.deadline, ctx.scratch};
-    ring_reduce_scatter(inner, rail_blocks.data(), output, mine_by_node, dtype, later);
+    ring_reduce_scatter(inner, rail_sum.data(), output, rail_counts, dtype, later);
   });
   reduce::finalize(output, counts[static_cast<size_t>(rank)], dtype, op, size);
 }
@@ -254,45 +277,54 @@ void hierarchical_all_gather(const Context& ctx, const NodeLayout& layout, const
   detail::check_buffer(where, output, total, "output");
   const int per_node = checked_ranks_per_node(where, ctx, layout);
   auto* out = static_cast<std::byte*>(output);
-  const std::byte* mine_in_output = out + static_cast<size_t>(ctx.transport.rank()) * block;
-  if (input != mine_in_output && detail::overlaps(input, block, output, total)) {
+  std::byte* mine = out + static_cast<size_t>(ctx.transport.rank()) * block;
+  if (input != mine && detail::overlaps(input, block, output, total)) {
     throw_error(ErrorCode::InvalidArgument, where,
                 "input overlaps output but is not this rank's block of it");
   }
   if (count == 0) return;
+  detail::copy_unless_same(mine, input, block);
 
+  // Every block travels straight to its place in the output: first along the rail (this rank's
+  // block to the same local index on every other node), then inside the node (the rail's blocks
+  // to every local peer). Each phase posts all its messages at once.
   const int node_count = layout.node_count();
-  // Rail blocks: node 0's rank of this rail, node 1's, ...; then every local index's rail blocks.
-  const detail::Scratch rail_blocks(ctx, block * static_cast<size_t>(node_count));
-  const detail::Scratch gathered(ctx, total);
+  auto slot = [&](int n, int l) {
+    return out + static_cast<size_t>(
+                     layout.nodes[static_cast<size_t>(n)][static_cast<size_t>(l)]) *
+                     block;
+  };
   phase(where, "inter-node all-gather", [&] {
     SubTransport rail(ctx.transport, layout.rail(layout.local), 0);
     const Context inner{rail, ctx.seq, ctx.deadline, ctx.scratch};
-    if (choose(Op::AllGather, block * static_cast<size_t>(node_count), node_count,
-               slowest_link(rail)) == Algorithm::Bruck) {
-      bruck_all_gather(inner, input, rail_blocks.data(), count, dtype);
-    } else {
-      ring_all_gather(inner, input, rail_blocks.data(), count, dtype);
+    detail::Inflight inflight(inner, "direct all-gather");
+    for (int k = 1; k < node_count; ++k) {
+      const int peer = (layout.node + k) % node_count;
+      inflight.recv(peer, slot(peer, layout.local), block, 0);
     }
+    for (int k = 1; k < node_count; ++k) {
+      inflight.send((layout.node - k + node_count) % node_count, mine, block, 0);
+    }
+    inflight.wait_all("", 0, 1);
   });
   phase(where, "node all-gather", [&] {
     SubTransport node(ctx.transport, layout.nodes[static_cast<size_t>(layout.node)], 0);
     const Context inner{node, ctx.seq, ctx.deadline, ctx.scratch};
-    const size_t rail_count = count * static_cast<size_t>(node_count);
-    if (choose(Op::AllGather, total, per_node, slowest_link(node)) == Algorithm::Bruck) {
-      bruck_all_gather(inner, rail_blocks.data(), gathered.data(), rail_count, dtype);
-    } else {
-      ring_all_gather(inner, rail_blocks.data(), gathered.data(), rail_count, dtype);
+    detail::Inflight inflight(inner, "direct all-gather");
+    for (int k = 1; k < per_node; ++k) {
+      const int peer = (layout.local + k) % per_node;
+      for (int n = 0; n < node_count; ++n) {
+        inflight.recv(peer, slot(n, peer), block, static_cast<uint32_t>(n));
+      }
     }
+    for (int k = 1; k < per_node; ++k) {
+      const int peer = (layout.local - k + per_node) % per_node;
+      for (int n = 0; n < node_count; ++n) {
+        inflight.send(peer, slot(n, layout.local), block, static_cast<uint32_t>(n));
+      }
+    }
+    inflight.wait_all("", 0, 1);
   });
-  const std::byte* from = gathered.data();
-  for (int l = 0; l < per_node; ++l) {
-    for (int n = 0; n < node_count; ++n, from += block) {
-      const auto r =
-          static_cast<size_t>(layout.nodes[static_cast<size_t>(n)][static_cast<size_t>(l)]);
-      if (out + r * block != input) std::memcpy(out + r * block, from, block);
-    }
-  }
 }
 
 void hierarchical_broadcast(const Context& ctx, const NodeLayout& layout, void* data, size_t bytes,

@@ -15,13 +15,15 @@
 //     2(H-1)/H * S bytes each way, against the flat ring's 2(P-1)/P * S across every node
 //     boundary it crosses (with P = H * L ranks: 1.5 S against 1 S at 2 x 2, 1.75 S against
 //     1 S at 2 x 4).
-//   reduce_scatter (S bytes in): the input's blocks are reordered rail by rail into scratch; a
-//     reduce-scatter inside the node leaves each local rank its rail's blocks, summed over the
-//     node; a reduce-scatter along the rail leaves each rank its own block. (H-1)/H * S between
-//     nodes per node, against (P-1)/P * S.
-//   all_gather (S bytes out): an all-gather along the rail (each rank gets its rail's H blocks),
-//     an all-gather of those inside the node into scratch, then every block copied to its place.
-//     (H-1)/H * S between nodes per node, against (P-1)/P * S.
+//   reduce_scatter (S bytes in): inside the node, every rank sends each local peer the blocks
+//     of that peer's rail straight from the input and reduces the blocks of its own rail as they
+//     arrive (peers in a fixed order, so the bits do not depend on timing); then a ring
+//     reduce-scatter along the rail leaves each rank its own block. (H-1)/H * S between nodes
+//     per node, against the flat ring's (P-1)/P * S.
+//   all_gather (S bytes out): every block goes straight to its place in the output, first to
+//     the same local index on every other node (along the rail), then from each rank to its
+//     local peers (the rail's H blocks). (H-1)/H * S between nodes per node, against
+//     (P-1)/P * S; no scratch and no copy but the rank's own block.
 //   broadcast: a binomial tree between one leader per node (the root on its own node, the first
 //     rank on the others), then a binomial tree inside each node: each byte crosses between
 //     nodes H-1 times, which the flat tree exceeds when the root's neighbours by rank are on
@@ -39,8 +41,8 @@
 // by their rank in the group (the phases run on views of the group's transport,
 // sub_transport.h).
 //
-// Scratch: reduce_scatter S bytes (the reordered input) + S/L; all_gather S + S/L; all_reduce
-// and broadcast none of their own (the inner algorithms' only).
+// Scratch: reduce_scatter S/L bytes (the rail's sum; PremulSum S more for the premultiplied
+// input); all_gather, all_reduce and broadcast none of their own (the inner algorithms' only).
 //
 // Thread safety: as every algorithm (context.h).
 #pragma once
