@@ -10,7 +10,7 @@
 namespace weft::collectives {
 namespace {
 
-constexpr std::array<std::pair<Algorithm, std::string_view>, 9> kAlgorithmNames = {{
+constexpr std::array<std::pair<Algorithm, std::string_view>, 10> kAlgorithmNames = {{
     {Algorithm::Auto, "auto"},
     {Algorithm::Ring, "ring"},
     {Algorithm::RecursiveDoubling, "recursive_doubling"},
@@ -20,6 +20,7 @@ constexpr std::array<std::pair<Algorithm, std::string_view>, 9> kAlgorithmNames 
     {Algorithm::Pairwise, "pairwise"},
     {Algorithm::Dissemination, "dissemination"},
     {Algorithm::HalvingDoubling, "halving_doubling"},
+    {Algorithm::Hierarchical, "hierarchical"},
 }};
 
 size_t small_message_bytes(Link link) {
@@ -78,6 +79,10 @@ std::optional<Algorithm> parse_algorithm(std::string_view name) {
 
 bool supports(Op op, Algorithm algorithm) {
   if (algorithm == Algorithm::Auto) return true;
+  if (algorithm == Algorithm::Hierarchical) {
+    return op == Op::AllReduce || op == Op::ReduceScatter || op == Op::AllGather ||
+           op == Op::Broadcast;
+  }
   switch (op) {
     case Op::AllReduce:
       return algorithm == Algorithm::Ring || algorithm == Algorithm::RecursiveDoubling ||
@@ -132,6 +137,24 @@ Algorithm choose(Op op, size_t bytes, int world_size, Link link) {
               fmt::format("unknown collective op {}", static_cast<int>(op)));
 }
 
+bool use_hierarchical(Op op, size_t bytes, const NodeLayout& layout, int root,
+                      std::string_view forced) {
+  if (layout.node_count() < 2 || !supports(op, Algorithm::Hierarchical)) return false;
+  const int per_node = layout.ranks_per_node();
+  if (op != Op::Broadcast && per_node < 2) return false;  // uneven nodes, or one rank on each
+  if (!forced.empty() && forced != "auto") {
+    // An unknown name is refused by choose(), which the caller runs too.
+    const std::optional<Algorithm> algorithm = parse_algorithm(forced);
+    if (algorithm && *algorithm != Algorithm::Auto && supports(op, *algorithm)) {
+      return *algorithm == Algorithm::Hierarchical;
+    }
+  }
+  if (op == Op::Broadcast) {
+    return binomial_tree_cross_node_edges(layout, root) > layout.node_count() - 1;
+  }
+  return bytes > kSmallMessageBytesNetwork;
+}
+
 Algorithm choose(Op op, size_t bytes, int world_size, Link link, std::string_view forced) {
   if (forced.empty()) return choose(op, bytes, world_size, link);
   const std::optional<Algorithm> algorithm = parse_algorithm(forced);
@@ -145,7 +168,8 @@ Algorithm choose(Op op, size_t bytes, int world_size, Link link, std::string_vie
         ErrorCode::InvalidArgument, "planner",
         fmt::format("unknown algorithm \"{}\" (WEFT_ALGO takes one of: {})", forced, names));
   }
-  if (*algorithm == Algorithm::Auto || !supports(op, *algorithm)) {
+  if (*algorithm == Algorithm::Auto || *algorithm == Algorithm::Hierarchical ||
+      !supports(op, *algorithm)) {
     return choose(op, bytes, world_size, link);
   }
   return *algorithm;

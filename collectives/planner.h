@@ -40,6 +40,7 @@
 #include <optional>
 #include <string_view>
 
+#include "collectives/hierarchical.h"
 #include "collectives/transport.h"
 
 namespace weft::collectives {
@@ -67,6 +68,8 @@ enum class Algorithm : uint8_t {
   Pairwise,           // "pairwise": pairwise.h
   Dissemination,      // "dissemination": dissemination.h
   HalvingDoubling,    // "halving_doubling": halving_doubling.h
+  Hierarchical,       // "hierarchical": hierarchical.h (all_reduce, reduce_scatter, all_gather,
+                      // broadcast on groups that span nodes; chosen by use_hierarchical())
 };
 
 // Crossovers (bytes) from the model above; assumptions until measured.
@@ -86,6 +89,22 @@ bool supports(Op op, Algorithm algorithm);
 // choice scales with: all_reduce, broadcast and reduce: the buffer; all_gather: the whole output
 // (P blocks); others: ignored. Never returns Auto.
 Algorithm choose(Op op, size_t bytes, int world_size, Link link);
+
+// Whether `op` runs hierarchically (hierarchical.h) on a group laid out as `layout`: over
+// `bytes` (as choose() counts them) from `root` (broadcast; ignored otherwise). Auto says yes
+// when the group spans several nodes and the model says it pays:
+//   all_reduce, reduce_scatter, all_gather: every node has the same number L >= 2 of ranks and
+//     the flat algorithm would be bandwidth-bound (bytes above the network's small-message
+//     crossover): the links between nodes then carry (H-1)/H instead of (P-1)/P of the bytes,
+//     for the price of two shared-memory phases. Below the crossover the steps decide, and the
+//     hierarchy adds steps.
+//   broadcast: the flat binomial tree from `root` has more than H-1 edges between nodes (any
+//     size: the hierarchical tree never crosses more often).
+// Forced "hierarchical" runs it wherever it can (several nodes; for all but broadcast, the same
+// number of ranks on each); any other forced name that supports `op` keeps the flat algorithms.
+// The flat algorithm is then choose()'s, which never returns Hierarchical.
+bool use_hierarchical(Op op, size_t bytes, const NodeLayout& layout, int root,
+                      std::string_view forced);
 
 // The same with an override, as WEFT_ALGO gives it: "" or "auto" chooses as above; a name that
 // supports `op` is used; a name that does not (WEFT_ALGO=ring for a barrier) is ignored for this

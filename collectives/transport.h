@@ -71,6 +71,12 @@ class Transport {
   virtual int size() const = 0;
   virtual Link link(int peer) const = 0;
 
+  // Which node (host, or shared-memory domain) rank `r` is on, as a number that every rank of the
+  // group computes alike for every r: ranks share a node exactly when they reach each other over
+  // shared memory. Hierarchical collectives plan by it (hierarchical.h). The default knows no
+  // grouping: every rank its own node (the UCX transport, whose own shared memory hides it).
+  virtual int node_of(int r) const { return r; }
+
   // Posts a send of `bytes` bytes at `data` to `peer`.
   // REQUIRES: 0 <= peer < size(), peer != rank(); data unchanged until the request completes.
   virtual Request send(int peer, const void* data, size_t bytes, Tag tag) = 0;

@@ -13,6 +13,7 @@
 #include "collectives/dissemination.h"
 #include "collectives/gather_scatter.h"
 #include "collectives/halving_doubling.h"
+#include "collectives/hierarchical.h"
 #include "collectives/pairwise.h"
 #include "collectives/recursive_doubling.h"
 #include "collectives/ring.h"
@@ -58,6 +59,12 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
   switch (c.kind) {
     case CollectiveKind::AllReduce: {
       const size_t count = c.inputs[0].count;
+      if (collectives::use_hierarchical(Op::AllReduce, c.inputs[0].nbytes(), plan.nodes, 0,
+                                        forced)) {
+        note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Hierarchical));
+        collectives::hierarchical_all_reduce(ctx, plan.nodes, in(), out(), count, dtype, c.op);
+        return;
+      }
       Algorithm algorithm =
           collectives::choose(Op::AllReduce, c.inputs[0].nbytes(), size, slowest_link, forced);
       note_algorithm(c.trace, collectives::algorithm_name(algorithm));
@@ -80,6 +87,11 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
       if (rank == c.root && c.inputs[0].data != data.data && data.count > 0) {
         std::memcpy(data.data, c.inputs[0].data, data.nbytes());
       }
+      if (collectives::use_hierarchical(Op::Broadcast, data.nbytes(), plan.nodes, c.root, forced)) {
+        note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Hierarchical));
+        collectives::hierarchical_broadcast(ctx, plan.nodes, data.data, data.nbytes(), c.root);
+        return;
+      }
       note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Tree));
       collectives::binomial_broadcast(ctx, data.data, data.nbytes(), c.root);
       return;
@@ -87,6 +99,12 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
     case CollectiveKind::AllGather: {
       if (all_equal(c.counts)) {
         const size_t count = c.counts.empty() ? 0 : c.counts[0];
+        if (collectives::use_hierarchical(Op::AllGather, c.outputs[0].nbytes(), plan.nodes, 0,
+                                          forced)) {
+          note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Hierarchical));
+          collectives::hierarchical_all_gather(ctx, plan.nodes, in(), out(), count, dtype);
+          return;
+        }
         Algorithm algorithm =
             collectives::choose(Op::AllGather, c.outputs[0].nbytes(), size, slowest_link, forced);
         note_algorithm(c.trace, collectives::algorithm_name(algorithm));
@@ -102,6 +120,13 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
       return;
     }
     case CollectiveKind::ReduceScatter: {
+      if (collectives::use_hierarchical(Op::ReduceScatter, c.inputs[0].nbytes(), plan.nodes, 0,
+                                        forced)) {
+        note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Hierarchical));
+        collectives::hierarchical_reduce_scatter(ctx, plan.nodes, in(), out(), c.counts, dtype,
+                                                 c.op);
+        return;
+      }
       Algorithm algorithm =
           collectives::choose(Op::ReduceScatter, c.inputs[0].nbytes(), size, slowest_link, forced);
       note_algorithm(c.trace, collectives::algorithm_name(algorithm));

@@ -63,6 +63,7 @@ TransportBackend::TransportBackend(std::string name, const BackendOptions& optio
       transport_(std::move(transport)),
       failure_(options_.store, options_.rank) {
   plan_.slowest_link = slowest_link_of(*transport_);
+  plan_.nodes = collectives::node_layout(*transport_);
   auto algo = options_.settings.find("algo");
   plan_.algo = algo != options_.settings.end() ? algo->second : config().algo;
   // An unknown name fails here, at setup, rather than at the first collective.

@@ -45,6 +45,19 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
         "separate mount namespace or container): TCP is used between them, not shared memory",
         rank, size, options.group_name, fmt::join(shm_apart, ", "));
   }
+  // Nodes: the classes of ranks that shared memory joins, numbered by their lowest rank.
+  std::vector<int> nodes(size);
+  for (int a = 0; a < size; ++a) {
+    nodes[a] = a;
+    for (int b = 0; b < a; ++b) {
+      const bool joined =
+          options.shm_between ? options.shm_between(a, b) : shm_on && mesh.share_shm(a, b);
+      if (joined) {
+        nodes[a] = nodes[b];
+        break;
+      }
+    }
+  }
   const uint64_t group_id = mesh.group_id();
   std::vector<net::Socket> sockets = mesh.take_sockets();
   std::vector<net::Socket> control(size);
@@ -81,12 +94,23 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
     tcp_options.group_name = options.group_name;
     tcp = std::make_unique<TcpTransport>(rank, size, std::move(sockets), tcp_options);
   }
-  return std::make_unique<RoutedTransport>(rank, size, std::move(shm), std::move(tcp));
+  return std::make_unique<RoutedTransport>(rank, size, std::move(shm), std::move(tcp),
+                                           std::move(nodes));
 }
 
 RoutedTransport::RoutedTransport(int rank, int size, std::unique_ptr<ShmTransport> shm,
-                                 std::unique_ptr<TcpTransport> tcp)
-    : rank_(rank), size_(size), shm_(std::move(shm)), tcp_(std::move(tcp)) {}
+                                 std::unique_ptr<TcpTransport> tcp, std::vector<int> nodes)
+    : rank_(rank),
+      size_(size),
+      shm_(std::move(shm)),
+      tcp_(std::move(tcp)),
+      nodes_(std::move(nodes)) {
+  WEFT_CHECK(nodes_.empty() || nodes_.size() == static_cast<size_t>(size_));
+}
+
+int RoutedTransport::node_of(int r) const {
+  return nodes_.empty() ? r : nodes_.at(static_cast<size_t>(r));
+}
 
 RoutedTransport::~RoutedTransport() = default;
 

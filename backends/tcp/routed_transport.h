@@ -58,14 +58,17 @@ class RoutedTransport final : public collectives::Transport {
   static std::unique_ptr<RoutedTransport> connect(Store& store, int rank, int size,
                                                   Options options);
 
-  // Either transport may be null when no peer uses it.
+  // Either transport may be null when no peer uses it. nodes: each rank's node (node_of()), as
+  // connect() finds them; empty: every rank its own.
   RoutedTransport(int rank, int size, std::unique_ptr<ShmTransport> shm,
-                  std::unique_ptr<TcpTransport> tcp);
+                  std::unique_ptr<TcpTransport> tcp, std::vector<int> nodes = {});
   ~RoutedTransport() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   collectives::Link link(int peer) const override;
+  // Ranks that reach each other over shared memory share a node.
+  int node_of(int r) const override;
 
   collectives::Request send(int peer, const void* data, size_t bytes,
                             collectives::Tag tag) override;
@@ -92,6 +95,7 @@ class RoutedTransport final : public collectives::Transport {
   const int size_;
   std::unique_ptr<ShmTransport> shm_;
   std::unique_ptr<TcpTransport> tcp_;
+  const std::vector<int> nodes_;
   // Inner ids posted and not yet waited for, per side: a handful, so vectors.
   std::vector<uint64_t> pending_[2];
 };

@@ -285,8 +285,13 @@ bool TcpMesh::same_host(int peer) const {
   return records_[peer].fingerprint == records_[rank_].fingerprint;
 }
 
-bool TcpMesh::shares_shm(int peer) const {
-  return same_host(peer) && records_[peer].shm_domain == records_[rank_].shm_domain;
+bool TcpMesh::shares_shm(int peer) const { return share_shm(rank_, peer); }
+
+bool TcpMesh::share_shm(int a, int b) const {
+  WEFT_CHECK(a >= 0 && a < size_ && b >= 0 && b < size_ &&
+             static_cast<size_t>(size_) == records_.size());
+  return records_[a].fingerprint == records_[b].fingerprint &&
+         records_[a].shm_domain == records_[b].shm_domain;
 }
 
 std::vector<net::Socket> TcpMesh::take_sockets() { return std::move(sockets_); }

@@ -87,6 +87,8 @@ class TcpMesh {
   // True when `peer` runs on this machine and sees the same /dev/shm, so that shared memory can
   // join them (containers on one host with separate /dev/shm mounts do not).
   bool shares_shm(int peer) const;
+  // The same for any two ranks a and b of the mesh, as every rank computes it alike.
+  bool share_shm(int a, int b) const;
 
   // The sockets, indexed by rank; the entry for this rank is invalid. Leaves the mesh empty.
   std::vector<net::Socket> take_sockets();

@@ -17,6 +17,12 @@ CASE is one of:
   token        the store open to the network: without WEFT_STORE_TOKEN weft warns once (what is
                exposed, how to set the token); with it, a client on another host without the
                token has its connection closed after VALIDATE while the job runs on, correct.
+  hierarchical 2 hosts x 2 ranks and 3 hosts x 2 ranks under weftrun: all_reduce,
+               reduce_scatter, all_gather and broadcast checked against numpy, and each rank's
+               flight recorder shows the planner ran hierarchically what it should (large
+               messages; broadcasts whose flat tree crosses hosts more than H-1 times), and with
+               WEFT_ALGO=hierarchical everything; the conformance suite with
+               WEFT_ALGO=hierarchical on 2 x 2.
   shm_apart    one machine, two /dev/shm (two ranks in a mount namespace with their own tmpfs,
                same hostname and network): the job runs, TCP between the two halves, and weft
                says so once per process.
@@ -64,7 +70,7 @@ def netns(*args, **kw):
 def set_id(case):
     # One subnet per case, so that cases run in parallel without sharing names.
     return {"weftrun": 201, "torchrun": 202, "ifname": 203, "loopback": 204, "token": 205,
-            "soak": 180, "mpirun": 181, "mpirun_uneven": 182}[case]
+            "soak": 180, "mpirun": 181, "mpirun_uneven": 182, "hierarchical": 206}[case]
 
 
 def spawn_ranks(spec):
@@ -544,6 +550,41 @@ def case_token(build, set_no):
     print("ok: with WEFT_STORE_TOKEN a client without it is closed out; the job is unharmed")
 
 
+def case_hierarchical(build, set_no):
+    import tempfile
+    netns("up", set_no, 3)
+    master = f"10.77.{set_no}.1"
+    weftrun = os.path.join(build, "tools", "weftrun")
+    check_py = os.path.join(HERE, "hierarchical_check.py")
+    python = os.environ.get("WEFT_TEST_PYTHON", sys.executable)
+    conformance = os.path.join(build, "tests", "conformance", "conformance_test")
+    families = "[all_reduce],[all_gather],[reduce_scatter],[broadcast]"
+    runs = [(2, "", [python, check_py]),
+            (3, "hierarchical", [python, check_py]),
+            (2, "hierarchical", [conformance, families])]
+    for port, (hosts, algo, program) in enumerate(runs, start=29620):
+        with tempfile.TemporaryDirectory() as trace_dir:
+            procs = []
+            for node in range(hosts):
+                cmd = [weftrun, "--nnodes", str(hosts), "--node-rank", str(node),
+                       "--nproc-per-node", "2", "--master-addr", master, "--master-port",
+                       str(port), "--no-prefix"] + program
+                env = {"WEFT_TIMEOUT": "60", "WEFT_TEST_LAUNCHER": "env", "WEFT_JOB_ID": JOB_ID,
+                       "WEFT_ALGO": algo, "WEFT_TRACE_DIR": trace_dir,
+                       "PYTHONPATH": os.path.join(build, "python")}
+                procs.append(start_host(set_no, node + 1, {"cmd": cmd, "ranks": [{"env": env}]}))
+            results = finish(procs)
+        text = all_output(results)
+        what = f"{os.path.basename(program[-1])} on {hosts} hosts x 2 ranks, WEFT_ALGO={algo!r}"
+        check(all(rc == 0 for rc, _ in results), f"{what} failed:\n{text}")
+        if program[0] == conformance:
+            check_conformance_ran(text, 4, what)
+        else:
+            oks = text.count("hierarchical check ok")
+            check(oks == 2 * hosts, f"{what}: {oks} ranks said ok, not {2 * hosts}:\n{text}")
+        print(f"ok: {what}")
+
+
 def case_shm_apart(build):
     perf = os.path.join(build, "benchmarks", "weft-perf")
     args = [perf, "all", "-b", "8", "-e", "1M", "-f", "16", "-n", "2", "-w", "1", "-c", "1"]
@@ -594,7 +635,8 @@ def main():
         try:
             {"weftrun": case_weftrun, "torchrun": case_torchrun, "ifname": case_ifname,
              "loopback": case_loopback, "token": case_token, "soak": case_soak,
-             "mpirun": case_mpirun, "mpirun_uneven": case_mpirun_uneven}[case](build, set_no)
+             "mpirun": case_mpirun, "mpirun_uneven": case_mpirun_uneven,
+             "hierarchical": case_hierarchical}[case](build, set_no)
         finally:
             netns("down", set_no)
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

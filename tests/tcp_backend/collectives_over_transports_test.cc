@@ -22,6 +22,7 @@
 #include "backends/tcp/tcp_transport.h"
 #include "collectives/binomial_tree.h"
 #include "collectives/dissemination.h"
+#include "collectives/hierarchical.h"
 #include "collectives/pairwise.h"
 #include "collectives/recursive_doubling.h"
 #include "collectives/ring.h"
@@ -224,6 +225,69 @@ TEST_CASE("a 16 MiB ring all_reduce over two hosts' worth of ranks: shm in pairs
       check_equal(out, want, "ring all_reduce over shm pairs and tcp", rank);
     }
   });
+}
+
+TEST_CASE("hierarchical collectives over two nodes of shared memory joined by TCP",
+          "[collectives][multiproc][hierarchical]") {
+  // Nodes {0, 1} and {2, 3} (as 2 hosts x 2 ranks launch), then {0, 2} and {1, 3} (ranks placed
+  // round-robin): the transport reports them, and every hierarchical collective is right on them.
+  for (bool round_robin : {false, true}) {
+    TempDir dir;
+    run_ranks_ok(4, [&](int rank) {
+      FileStore store(dir.file("store"), 4);
+      RoutedTransport::Options options;
+      options.key_prefix = "test/hierarchical";
+      options.timeout = 20s;
+      options.shm_between = [round_robin](int a, int b) {
+        return round_robin ? a % 2 == b % 2 : a / 2 == b / 2;
+      };
+      auto t = RoutedTransport::connect(store, rank, 4, options);
+      const collectives::NodeLayout layout = collectives::node_layout(*t);
+      RANK_CHECK(layout.node_count() == 2 && layout.ranks_per_node() == 2, "{} nodes",
+                 layout.node_count());
+      RANK_CHECK(t->node_of(rank) == t->node_of(round_robin ? rank ^ 2 : rank ^ 1));
+      RANK_CHECK(t->node_of(rank) != t->node_of(round_robin ? rank ^ 1 : rank ^ 2));
+      uint64_t seq = 1;
+      auto ctx = [&] { return Context{.transport = *t, .seq = seq++, .deadline = within(20s)}; };
+      const size_t count = 2 * 1024 * 1024 + 3;  // 8 MiB: every phase spans many segments
+      std::vector<float> input(count), out(count, -1.0f), want(count, 0.0f);
+      for (size_t i = 0; i < count; ++i) input[i] = value(rank, i);
+      for (int r = 0; r < 4; ++r) {
+        for (size_t i = 0; i < count; ++i) want[i] += value(r, i);
+      }
+      collectives::hierarchical_all_reduce(ctx(), layout, input.data(), out.data(), count,
+                                           DType::Float32, ReduceOp::Sum);
+      check_equal(out, want, "hierarchical all_reduce", rank);
+
+      const std::vector<size_t> counts = {100'000, 0, 33'333, 250'001};
+      const size_t first = std::accumulate(counts.begin(), counts.begin() + rank, size_t{0});
+      std::vector<float> mine(counts[rank], -1.0f);
+      collectives::hierarchical_reduce_scatter(ctx(), layout, input.data(), mine.data(), counts,
+                                               DType::Float32, ReduceOp::Sum);
+      check_equal(mine,
+                  std::vector<float>(want.begin() + first, want.begin() + first + counts[rank]),
+                  "hierarchical reduce_scatter", rank);
+
+      const size_t block = 300'007;
+      std::vector<float> gathered(block * 4, -1.0f), want_gathered(block * 4);
+      for (int r = 0; r < 4; ++r) {
+        for (size_t i = 0; i < block; ++i) want_gathered[r * block + i] = value(r, i);
+      }
+      collectives::hierarchical_all_gather(ctx(), layout, input.data(), gathered.data(), block,
+                                           DType::Float32);
+      check_equal(gathered, want_gathered, "hierarchical all_gather", rank);
+
+      for (int root = 0; root < 4; ++root) {
+        std::vector<float> data(count);
+        for (size_t i = 0; i < count; ++i) data[i] = rank == root ? value(root, i) : -1.0f;
+        collectives::hierarchical_broadcast(ctx(), layout, data.data(), count * sizeof(float),
+                                            root);
+        std::vector<float> want_data(count);
+        for (size_t i = 0; i < count; ++i) want_data[i] = value(root, i);
+        check_equal(data, want_data, "hierarchical broadcast", rank);
+      }
+    });
+  }
 }
 
 // Not a test: prints ring all_reduce times over shm and tcp (run with
