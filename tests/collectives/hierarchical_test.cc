@@ -1,5 +1,5 @@
 // Hierarchical all_reduce, reduce_scatter, all_gather and broadcast (collectives/hierarchical.h)
-// on node layouts of 2 to 8 ranks (contiguous, round-robin, 3 nodes, one rank per node), against
+// on node layouts of every size 1..8 (contiguous, round-robin, 3 nodes, one rank per node), against
 // the independent references of harness.h, element by element; the sub-transport view they run
 // on; and the planner's choice.
 #include "collectives/hierarchical.h"
@@ -38,6 +38,10 @@ const std::vector<std::vector<int>> kUniformLayouts = {
     {0, 1, 2, 0, 1, 2},        // 3 x 2, round-robin
     {0, 0, 0, 0, 1, 1, 1, 1},  // 2 x 4
     {0, 1, 2, 3},              // 4 x 1: the node phases are groups of one
+    {0},                       // 1 x 1 and the other odd sizes, so that every size 1..8 runs
+    {0, 1, 2},
+    {4, 3, 2, 1, 0},
+    {0, 1, 2, 3, 4, 5, 6},
 };
 
 std::string layout_text(const std::vector<int>& ids) {

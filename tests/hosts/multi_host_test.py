@@ -23,6 +23,9 @@ CASE is one of:
                messages; broadcasts whose flat tree crosses hosts more than H-1 times), and with
                WEFT_ALGO=hierarchical everything; the conformance suite with
                WEFT_ALGO=hierarchical on 2 x 2.
+  ucx          2 hosts x 2 ranks over the UCX backend (WEFT_BACKEND=ucx), with UCX's own
+               choice of transports and with UCX_TLS=tcp: the conformance suite and weft-perf.
+               Skipped (77) where the UCX module is not built.
   shm_apart    one machine, two /dev/shm (two ranks in a mount namespace with their own tmpfs,
                same hostname and network): the job runs, TCP between the two halves, and weft
                says so once per process.
@@ -70,7 +73,8 @@ def netns(*args, **kw):
 def set_id(case):
     # One subnet per case, so that cases run in parallel without sharing names.
     return {"weftrun": 201, "torchrun": 202, "ifname": 203, "loopback": 204, "token": 205,
-            "soak": 180, "mpirun": 181, "mpirun_uneven": 182, "hierarchical": 206}[case]
+            "soak": 180, "mpirun": 181, "mpirun_uneven": 182, "hierarchical": 206,
+            "ucx": 207}[case]
 
 
 def spawn_ranks(spec):
@@ -220,6 +224,38 @@ def case_weftrun(build, set_no):
             check("without authentication" in text and "WEFT_STORE_TOKEN" in text,
                   f"no warning about the store open to the network without a token:\n{text}")
         print(f"ok: {os.path.basename(program[0])} on 2 hosts x 2 ranks under weftrun")
+
+
+def case_ucx(build, set_no):
+    plugin_dir = os.environ.get("WEFT_TEST_UCX_DIR") or os.path.join(build, "backends", "ucx")
+    if not os.path.exists(os.path.join(plugin_dir, "libweft-backend-ucx.so")):
+        raise Skip(f"skipped: the UCX backend is not built ({plugin_dir} has no "
+                   "libweft-backend-ucx.so: install libucx-dev and rebuild)")
+    netns("up", set_no, 2)
+    conformance = os.path.join(build, "tests", "conformance", "conformance_test")
+    perf = os.path.join(build, "benchmarks", "weft-perf")
+    families = "[all_reduce],[all_gather],[reduce_scatter],[broadcast],[p2p]"
+    port = 29630
+    for tls in (None, "tcp"):
+        env = {"WEFT_BACKEND": "ucx", "WEFT_PLUGIN_PATH": plugin_dir}
+        if tls:
+            env["UCX_TLS"] = tls
+        for program in ([conformance, families], [perf, "all", "-b", "8", "-e", "4M", "-f", "8",
+                                                  "-n", "3", "-w", "1", "-c", "1"]):
+            port += 1
+            results = weftrun_on_hosts(build, set_no, 2, 2, port, program, env)
+            text = all_output(results)
+            what = (f"{os.path.basename(program[0])} over UCX (UCX_TLS={tls or 'default'}) on 2 "
+                    "hosts x 2 ranks")
+            check(all(rc == 0 for rc, _ in results), f"{what} failed:\n{text}")
+            if program[0] == conformance:
+                check_conformance_ran(text, 5, what)
+            else:
+                checked = text.count("Out of bounds values")
+                check(checked >= 10 and text.count("Out of bounds values : 0 OK") == checked,
+                      f"{what}: not every collective reported 0 wrong:\n{text}")
+                check("backend ucx ranks 4" in text, f"{what}: not run over UCX:\n{text}")
+            print(f"ok: {what}")
 
 
 def case_torchrun(build, set_no):
@@ -636,7 +672,7 @@ def main():
             {"weftrun": case_weftrun, "torchrun": case_torchrun, "ifname": case_ifname,
              "loopback": case_loopback, "token": case_token, "soak": case_soak,
              "mpirun": case_mpirun, "mpirun_uneven": case_mpirun_uneven,
-             "hierarchical": case_hierarchical}[case](build, set_no)
+             "hierarchical": case_hierarchical, "ucx": case_ucx}[case](build, set_no)
         finally:
             netns("down", set_no)
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
