@@ -497,6 +497,13 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
     try {
       net::read_exact(mesh.sockets_[peer].fd(), bytes.data(), bytes.size(), deadline, where);
     } catch (const Error& e) {
+      if (e.code() == ErrorCode::PeerLost) {
+        throw_error(
+            ErrorCode::PeerLost, where,
+            fmt::format("rank {} ({}:{}) hung up before answering the handshake: it "
+                        "exited or crashed during set-up ({})",
+                        peer, mesh.records_[peer].host, mesh.records_[peer].port, e.what()));
+      }
       if (e.code() != ErrorCode::Timeout) throw;
       std::vector<int> missing;
       for (int r = peer; r < rank; ++r) missing.push_back(r);
