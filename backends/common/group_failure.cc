@@ -24,14 +24,22 @@ void GroupFailure::record(const ErrorContext& context, const std::string& what) 
   }
 }
 
-std::string GroupFailure::first() {
+GroupFailure::Lookup GroupFailure::look_up() {
+  Lookup found;
   try {
-    if (!store_->check({kKey})) return {};
+    if (!store_->check({kKey})) return found;
     std::vector<uint8_t> value = store_->get(kKey, std::chrono::milliseconds(1000));
-    return std::string(value.begin(), value.end());
+    found.first.assign(value.begin(), value.end());
+  } catch (const Error& e) {
+    // A closed, reset or silent connection: the store is unreachable. Anything else (a reply
+    // that makes no sense) is not worth a word in a PeerLost message.
+    if (e.code() == ErrorCode::PeerLost || e.code() == ErrorCode::Io ||
+        e.code() == ErrorCode::Timeout) {
+      found.store_error = e.what();
+    }
   } catch (const std::exception&) {
-    return {};
   }
+  return found;
 }
 
 }  // namespace weft::backends

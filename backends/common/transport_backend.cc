@@ -161,9 +161,16 @@ void TransportBackend::guarded(const ErrorContext& context,
     if (error.code() == ErrorCode::PeerLost) {
       // A peer that hung up may have done so because it broke first: the record in the store
       // names the rank really lost, so it leads the message.
-      std::string record = failure_.first();
-      if (!record.empty()) {
-        detail = fmt::format("first failure in the group: {}; seen here as: {}", record, detail);
+      GroupFailure::Lookup found = failure_.look_up();
+      if (!found.first.empty()) {
+        detail =
+            fmt::format("first failure in the group: {}; seen here as: {}", found.first, detail);
+      }
+      if (!found.store_error.empty()) {
+        detail += fmt::format(
+            "; the store is unreachable too ({}): the process that hosts it (rank 0, or the "
+            "launcher) has exited or its host is down, and the job cannot go on without it",
+            found.store_error);
       }
     }
     auto failure = std::make_exception_ptr(Error(error.code(), context, detail));
