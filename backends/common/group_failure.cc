@@ -42,4 +42,30 @@ GroupFailure::Lookup GroupFailure::look_up() {
   return found;
 }
 
+std::vector<int> GroupFailure::silent_members(uint64_t seq, int size,
+                                              std::chrono::milliseconds grace) {
+  std::vector<int> silent;
+  try {
+    auto key = [&](int r) { return fmt::format("group/timed_out/{}/{}", seq, r); };
+    store_->set(key(rank_), std::vector<uint8_t>{1});
+    std::vector<std::string> others;
+    for (int r = 0; r < size; ++r) {
+      if (r != rank_) others.push_back(key(r));
+    }
+    if (others.empty()) return silent;
+    try {
+      store_->wait(others, grace);
+      return silent;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::Timeout) return silent;
+    }
+    for (int r = 0; r < size; ++r) {
+      if (r != rank_ && !store_->check({key(r)})) silent.push_back(r);
+    }
+  } catch (const std::exception&) {
+    silent.clear();
+  }
+  return silent;
+}
+
 }  // namespace weft::backends

@@ -47,6 +47,15 @@ class GroupFailure {
   // Only on the failure path. Never throws.
   Lookup look_up();
 
+  // After collective #seq of a group of `size` timed out here: says so in the store (key
+  // "group/timed_out/<seq>/<rank>"), waits up to `grace` for every other member to say the same,
+  // and returns those that did not. When one rank is stopped, hung or busy outside weft, the
+  // others all time out together (each on the peer it waits for, which is often not that rank:
+  // in a ring, everyone waits on a neighbour), and the one that stays silent is the likely
+  // cause. Empty when every member spoke, or the store cannot say. Only on the failure path:
+  // a SET, a WAIT of at most `grace`, and a CHECK per member when some are silent. Never throws.
+  std::vector<int> silent_members(uint64_t seq, int size, std::chrono::milliseconds grace);
+
  private:
   std::shared_ptr<Store> store_;
   int rank_;

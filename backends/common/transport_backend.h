@@ -14,7 +14,8 @@
 // - Group failure: the first collective that fails with PeerLost, Timeout or Protocol breaks the
 //   group: the failure is recorded in the group's store (group_failure.h), the transport is
 //   aborted so that every peer blocked on this rank learns at once, and every later collective
-//   fails at once with the same error. A PeerLost learned second-hand names the first failure.
+//   fails at once with the same error. A PeerLost learned second-hand names the first failure;
+//   a collective's Timeout first names the members that did not time out with this rank.
 //   A dead process closes its connections, so the first PeerLost comes within the transport's
 //   liveness interval, not at the timeout.
 // - Errors leave with the collective's context in front: rank, group, op, #seq.
@@ -61,8 +62,10 @@ class TransportBackend final : public Backend {
   // Runs one collective on the progress thread; throws weft::Error.
   void run(const Collective& collective, const ErrorContext& context);
   // Runs `body` against the group's deadline and gives what it throws the context: rank, group,
-  // op, #seq; a PeerLost, Timeout or Protocol error breaks the group.
-  void guarded(const ErrorContext& context,
+  // op, #seq; a PeerLost, Timeout or Protocol error breaks the group. A Timeout of a collective
+  // (`collective`: every member takes part, unlike sends and receives) names the members that
+  // did not time out with this rank (GroupFailure::silent_members()).
+  void guarded(const ErrorContext& context, bool collective,
                const std::function<void(collectives::Clock::time_point)>& body);
   // After a failure: record it, abort the transport, remember it for later collectives.
   void break_group(const ErrorContext& context, std::exception_ptr error);
