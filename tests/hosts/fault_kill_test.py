@@ -36,6 +36,8 @@ CASE is one of:
   store_host   every process of host 1 (ranks 0 and 1, and rank 0's store) is killed: host 2's
                ranks fail within 10 s with an error that names the store's address as
                unreachable.
+  store_agent  the same with the store in a process of its own on host 1 (weft-store, as
+               torchrun's agent or weftrun host it), killed with the host.
   restart      a job is killed whole (kill -9 of every rank) with a stale segment of it in each
                host's /dev/shm, and the same job is started again at once on the same port: it
                runs and checks its results; the stale segments are not used and are removed.
@@ -61,7 +63,7 @@ import multi_host_test as hosts
 from multi_host_test import Failure, check
 
 CASES = {"rendezvous": 120, "mesh": 121, "allreduce": 122, "shm": 123, "split": 124,
-         "sigstop": 125, "store_host": 126, "restart": 127, "mismatch": 128}
+         "sigstop": 125, "store_host": 126, "restart": 127, "mismatch": 128, "store_agent": 129}
 
 
 # ---- The agent: runs inside one host, starts its ranks, relays their lines and exits.
@@ -413,17 +415,17 @@ def case_sigstop(job, set_no):
     finish_job(job, name)
 
 
-def case_store_host(job, set_no):
+def store_host_killed(job, set_no, agent_store):
     name = job_id("store")
     port = port_of(set_no)
     launch(job, set_no, name, ["allreduce", "--mib", "16", "--iterations", "100000"], port,
-           agent_store=False)
+           agent_store=agent_store)
     for r in range(4):
         job.wait_line(name, r, "^iteration 1 ok", 60)
     pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", f"wft{set_no}h1"],
                                            capture_output=True, text=True).stdout.split()]
     check(pids, "host 1 runs nothing")
-    # Every process of host 1: its agent, ranks 0 and 1, and so rank 0's store.
+    # Every process of host 1: its agent, ranks 0 and 1, and the store (rank 0's or weft-store).
     pidfds = [os.pidfd_open(p) for p in pids]
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
@@ -434,9 +436,19 @@ def case_store_host(job, set_no):
         os.close(fd)
     for r in (0, 1):
         job.exits[(name, r)] = (-signal.SIGKILL, t)
+    if agent_store:
+        job.exits[(f"{name}-store", 0)] = (-signal.SIGKILL, t)
     expect_failures(job, name, [2, 3], t, "PeerLost|Io",
                     [rf"store 10\.77\.{set_no}\.1:{port}\b", r"unreachable"], 10)
     finish_job(job, name, live_hosts=(2,))
+
+
+def case_store_host(job, set_no):
+    store_host_killed(job, set_no, agent_store=False)
+
+
+def case_store_agent(job, set_no):
+    store_host_killed(job, set_no, agent_store=True)
 
 
 def case_restart(job, set_no):
