@@ -197,9 +197,10 @@ std::string disagreement(int my_rank, const std::vector<std::string>& mine, int 
 // The first rank to arrive writes "<prefix>job": the job's id, its rank and its settings that
 // must agree (settings_that_must_agree()), a line each. Every later rank reads them back from the
 // same COMPARE_SET that checks the job, so the comparison costs no round trip. A rank that
-// disagrees claims nothing, writes why into "<prefix>complete" in place of "1" (at most once: the
-// key cannot have been set to "1", since this rank has not joined) and fails; every rank waiting
-// for "complete", or arriving later, reads it and fails with the same words.
+// disagrees claims nothing, writes why into "<prefix>complete" in place of "1" (never over a "1":
+// the job cannot be complete without this rank; several that disagree each write theirs, the
+// last one stays) and fails; every rank waiting for "complete", or arriving later, reads it and
+// fails with its words.
 void join(Store& store, const LaunchInfo& info, Clock::time_point deadline, milliseconds timeout,
           const std::string& where) {
   // torchrun's agent store outlives restarted workers: each restart rendezvouses afresh.
