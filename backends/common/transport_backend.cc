@@ -124,7 +124,7 @@ std::shared_ptr<Work> TransportBackend::post_coalesced(std::vector<Collective> c
       while (end < collectives.size() && is_p2p(collectives[end])) ++end;
       ErrorContext batch = context;
       batch.op = end - i == 1 ? std::string(collective_name(collectives[i].kind)) : "send/recv";
-      guarded(batch, /*collective=*/false, [&](Clock::time_point deadline) {
+      guarded(batch, /*symmetric=*/false, [&](Clock::time_point deadline) {
         std::vector<collectives::Request> requests;
         requests.reserve(end - i);
         for (size_t k = i; k < end; ++k) {
@@ -146,7 +146,7 @@ void TransportBackend::abort(const std::string& reason) {
   thread_->abort(reason);
 }
 
-void TransportBackend::guarded(const ErrorContext& context, bool collective,
+void TransportBackend::guarded(const ErrorContext& context, bool symmetric,
                                const std::function<void(Clock::time_point)>& body) {
   if (broken_) std::rethrow_exception(broken_);
   const Clock::time_point deadline = Clock::now() + options_.timeout;
@@ -174,7 +174,7 @@ void TransportBackend::guarded(const ErrorContext& context, bool collective,
             found.store_error);
       }
     }
-    if (error.code() == ErrorCode::Timeout && collective && context.seq != 0 && context.size > 1) {
+    if (error.code() == ErrorCode::Timeout && symmetric && context.seq != 0 && context.size > 1) {
       // Before hanging up (which would turn the others' Timeouts into PeerLost): who else timed
       // out in this collective? At most 1 s, and at most half the margin that a Work's wait()
       // gives the collective's own deadline (the constructor), so that this Timeout still
@@ -230,7 +230,11 @@ void TransportBackend::break_group(const ErrorContext& context, std::exception_p
 }
 
 void TransportBackend::run(const Collective& collective, const ErrorContext& context) {
-  guarded(context, /*collective=*/true, [&](Clock::time_point deadline) {
+  const CollectiveKind kind = collective.kind;
+  const bool symmetric = kind == CollectiveKind::AllReduce || kind == CollectiveKind::AllGather ||
+                         kind == CollectiveKind::ReduceScatter ||
+                         kind == CollectiveKind::AllToAll || kind == CollectiveKind::Barrier;
+  guarded(context, symmetric, [&](Clock::time_point deadline) {
     // Every message of the collective carries its call's fingerprint (collectives/tag.h).
     const DType dtype = !collective.inputs.empty()    ? collective.inputs[0].dtype
                         : !collective.outputs.empty() ? collective.outputs[0].dtype

@@ -62,10 +62,12 @@ class TransportBackend final : public Backend {
   // Runs one collective on the progress thread; throws weft::Error.
   void run(const Collective& collective, const ErrorContext& context);
   // Runs `body` against the group's deadline and gives what it throws the context: rank, group,
-  // op, #seq; a PeerLost, Timeout or Protocol error breaks the group. A Timeout of a collective
-  // (`collective`: every member takes part, unlike sends and receives) names the members that
-  // did not time out with this rank (GroupFailure::silent_members()).
-  void guarded(const ErrorContext& context, bool collective,
+  // op, #seq; a PeerLost, Timeout or Protocol error breaks the group. A Timeout of a symmetric
+  // collective (`symmetric`: every member waits for every other's data to the end, so none can
+  // be done while another is stuck; not a rooted one, where the root or a leaf may finish first,
+  // nor sends and receives) names the members that did not time out with this rank
+  // (GroupFailure::silent_members()).
+  void guarded(const ErrorContext& context, bool symmetric,
                const std::function<void(collectives::Clock::time_point)>& body);
   // After a failure: record it, abort the transport, remember it for later collectives.
   void break_group(const ErrorContext& context, std::exception_ptr error);
