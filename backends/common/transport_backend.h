@@ -63,10 +63,12 @@ class TransportBackend final : public Backend {
   void run(const Collective& collective, const ErrorContext& context);
   // Runs `body` against the group's deadline and gives what it throws the context: rank, group,
   // op, #seq; a PeerLost, Timeout or Protocol error breaks the group. A Timeout of a symmetric
-  // collective (`symmetric`: every member waits for every other's data to the end, so none can
-  // be done while another is stuck; not a rooted one, where the root or a leaf may finish first,
-  // nor sends and receives) names the members that did not time out with this rank
-  // (GroupFailure::silent_members()).
+  // collective (`symmetric`: all_reduce, all_gather, reduce_scatter, all_to_all, barrier, whose
+  // ring and pairwise algorithms keep every member waiting to the end for data that passed
+  // through every other; not a rooted one, where the root or a leaf often finishes first, nor
+  // sends and receives) names the members that did not time out with this rank
+  // (GroupFailure::silent_members()) as the likely cause: a heuristic, since a tree algorithm's
+  // member whose part was done early is named too.
   void guarded(const ErrorContext& context, bool symmetric,
                const std::function<void(collectives::Clock::time_point)>& body);
   // After a failure: record it, abort the transport, remember it for later collectives.
