@@ -126,10 +126,16 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, NewGroupOp
     s.check_usable("split");
     child = ++s.children;
   }
-  // One all_gather over this group: everyone learns every (color, key).
+  // One all_gather over this group: everyone learns every (color, key). Its error leaves as
+  // split's, with the all_gather's (and its sequence number) after: the caller called split.
   std::vector<int64_t> mine = {color, key};
   std::vector<int64_t> all(2 * s.size);
-  all_gather_into_tensor(Tensor::of(all.data(), all.size()), Tensor::of(mine.data(), 2))->wait();
+  try {
+    all_gather_into_tensor(Tensor::of(all.data(), all.size()), Tensor::of(mine.data(), 2))->wait();
+  } catch (const Error& e) {
+    throw Error(e.code(), s.context("split", 0),
+                fmt::format("exchanging colours over this group failed: {}", e.what()));
+  }
   if (color < 0) return nullptr;
   std::vector<int> members;
   for (int r = 0; r < s.size; ++r) {

@@ -2,11 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "weft/config.h"
 #include "weft/error.h"
@@ -150,8 +154,73 @@ std::string seconds_text(milliseconds timeout) {
   return fmt::format("{:g} s", static_cast<double>(timeout.count()) / 1000.0);
 }
 
+// What must be the same on every rank of a job, as "name=value" items: the weft version (a rank of
+// another release may speak another wire protocol) and the settings that change what goes on the
+// wire or in which order: WEFT_BACKEND (ranks on different backends cannot talk), WEFT_DEBUG
+// (detail runs a check collective before each collective) and WEFT_ALGO (ranks running different
+// algorithms wait for messages that never come). Not here: WEFT_SHM (it may differ between
+// hosts; the TCP mesh refuses a host whose ranks disagree), WEFT_TIMEOUT and the tracing and
+// spinning settings (local), WEFT_STORE_TOKEN (the store refuses a wrong one itself).
+// WEFT_TEST_FAKE_VERSION replaces the version, for the tests of this check only.
+std::vector<std::string> settings_that_must_agree() {
+  const char* fake = process_env("WEFT_TEST_FAKE_VERSION");
+  return {fmt::format("weft={}", fake != nullptr ? fake : WEFT_VERSION),
+          fmt::format("WEFT_BACKEND={}", config().backend),
+          fmt::format("WEFT_DEBUG={}", config().debug), fmt::format("WEFT_ALGO={}", config().algo)};
+}
+
+// "runs weft 0.5.0" for the version, else "has" and the item ("has WEFT_DEBUG=detail").
+std::string item_text(const std::string& item) {
+  return item.starts_with("weft=") ? "runs weft " + item.substr(5) : "has " + item;
+}
+
+// Splits "a\nb\nc" at newlines.
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (;;) {
+    size_t end = text.find('\n', start);
+    lines.push_back(text.substr(start, end - start));
+    if (end == std::string::npos) return lines;
+    start = end + 1;
+  }
+}
+
+// Why `mine` (this rank's settings) cannot join `theirs` (those of `their_rank`, the first rank
+// to join; -1 and none from a weft that predates this check), or "" when they agree.
+std::string disagreement(int my_rank, const std::vector<std::string>& mine, int their_rank,
+                         const std::vector<std::string>& theirs) {
+  if (their_rank < 0) {
+    return fmt::format(
+        "rank {} {} but the first rank to join runs an older weft (it published "
+        "no version): every rank of a job must run the same weft release",
+        my_rank, item_text(mine[0]));
+  }
+  std::string what;
+  for (size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+    const std::string a = i < mine.size() ? mine[i] : "?";
+    const std::string b = i < theirs.size() ? theirs[i] : "?";
+    if (a == b) continue;
+    what += fmt::format("{}rank {} {} but rank {} (the first to join) {}", what.empty() ? "" : "; ",
+                        my_rank, item_text(a), their_rank, item_text(b));
+  }
+  if (what.empty()) return what;
+  return what +
+         ": every rank of a job must run the same weft release with the same WEFT_BACKEND, "
+         "WEFT_DEBUG and WEFT_ALGO";
+}
+
 // Every rank claims "<prefix>rank/<r>", counts itself in "<prefix>joined", and the last to arrive
-// sets "<prefix>complete", which all wait for. The per-rank keys let a timeout name the missing.
+// sets "<prefix>complete" to "1", which all wait for. The per-rank keys let a timeout name the
+// missing.
+//
+// The first rank to arrive writes "<prefix>job": the job's id, its rank and its settings that
+// must agree (settings_that_must_agree()), a line each. Every later rank reads them back from the
+// same COMPARE_SET that checks the job, so the comparison costs no round trip. A rank that
+// disagrees claims nothing, writes why into "<prefix>complete" in place of "1" (never over a "1":
+// the job cannot be complete without this rank; several that disagree each write theirs, the
+// last one stays) and fails; every rank waiting for "complete", or arriving later, reads it and
+// fails with its words.
 void join(Store& store, const LaunchInfo& info, Clock::time_point deadline, milliseconds timeout,
           const std::string& where) {
   // torchrun's agent store outlives restarted workers: each restart rendezvouses afresh.
@@ -164,12 +233,23 @@ void join(Store& store, const LaunchInfo& info, Clock::time_point deadline, mill
   // The first rank to arrive names the job; a rank of another job that reached this store (the
   // same MASTER_PORT by mistake) is refused before it claims anything, whatever its rank.
   const std::string job = info.job.text();
-  Bytes owner = store.compare_set(prefix + "job", Bytes{}, to_bytes(job));
-  if (to_string(owner) != job) {
+  const std::vector<std::string> settings = settings_that_must_agree();
+  const std::string record = fmt::format("{}\n{}\n{}", job, info.rank, fmt::join(settings, "\n"));
+  const std::vector<std::string> owner =
+      lines_of(to_string(store.compare_set(prefix + "job", Bytes{}, to_bytes(record))));
+  if (owner[0] != job) {
     throw_error(ErrorCode::InvalidArgument, where,
                 fmt::format("this process is of job {} but the store belongs to job {}: two jobs "
                             "share one store address (give each its own MASTER_PORT)",
-                            job, to_string(owner)));
+                            job, owner[0]));
+  }
+  const int first_rank = owner.size() > 1 ? std::atoi(owner[1].c_str()) : -1;
+  const std::string refused = disagreement(
+      info.rank, settings, first_rank,
+      std::vector<std::string>(owner.begin() + std::min<size_t>(owner.size(), 2), owner.end()));
+  if (!refused.empty()) {
+    store.set(prefix + "complete", to_bytes(fmt::format("refused\n{}", refused)));
+    throw_error(ErrorCode::InvalidArgument, where, refused);
   }
   Bytes claimed =
       store.compare_set(fmt::format("{}rank/{}", prefix, info.rank), Bytes{}, to_bytes(me));
@@ -185,7 +265,13 @@ void join(Store& store, const LaunchInfo& info, Clock::time_point deadline, mill
   }
   if (joined == info.world_size) store.set(prefix + "complete", std::string_view("1"));
   try {
-    store.wait({prefix + "complete"}, remaining(deadline));
+    // A GET, not a WAIT, so that a refusal's reason reaches every rank: on a TCPStore one round
+    // trip more per rank (WAIT, then GET), once per job.
+    const std::string complete = to_string(store.get(prefix + "complete", remaining(deadline)));
+    if (complete.starts_with("refused\n")) {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  fmt::format("the job was refused at rendezvous: {}", complete.substr(8)));
+    }
   } catch (const Error& e) {
     if (e.code() != ErrorCode::Timeout) throw;
     int64_t arrived = store.add(prefix + "joined", 0);

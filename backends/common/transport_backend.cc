@@ -7,6 +7,7 @@
 #include "weft/config.h"
 #include "weft/error.h"
 
+#include "backends/common/transport_util.h"
 #include "collectives/context.h"
 #include "runtime/desync_check.h"
 #include "runtime/flight_recorder.h"
@@ -124,7 +125,7 @@ std::shared_ptr<Work> TransportBackend::post_coalesced(std::vector<Collective> c
       while (end < collectives.size() && is_p2p(collectives[end])) ++end;
       ErrorContext batch = context;
       batch.op = end - i == 1 ? std::string(collective_name(collectives[i].kind)) : "send/recv";
-      guarded(batch, [&](Clock::time_point deadline) {
+      guarded(batch, /*symmetric=*/false, [&](Clock::time_point deadline) {
         std::vector<collectives::Request> requests;
         requests.reserve(end - i);
         for (size_t k = i; k < end; ++k) {
@@ -146,7 +147,7 @@ void TransportBackend::abort(const std::string& reason) {
   thread_->abort(reason);
 }
 
-void TransportBackend::guarded(const ErrorContext& context,
+void TransportBackend::guarded(const ErrorContext& context, bool symmetric,
                                const std::function<void(Clock::time_point)>& body) {
   if (broken_) std::rethrow_exception(broken_);
   const Clock::time_point deadline = Clock::now() + options_.timeout;
@@ -162,9 +163,34 @@ void TransportBackend::guarded(const ErrorContext& context,
     if (error.code() == ErrorCode::PeerLost) {
       // A peer that hung up may have done so because it broke first: the record in the store
       // names the rank really lost, so it leads the message.
-      std::string record = failure_.first();
-      if (!record.empty()) {
-        detail = fmt::format("first failure in the group: {}; seen here as: {}", record, detail);
+      GroupFailure::Lookup found = failure_.look_up();
+      if (!found.first.empty()) {
+        detail =
+            fmt::format("first failure in the group: {}; seen here as: {}", found.first, detail);
+      }
+      if (!found.store_error.empty()) {
+        detail += fmt::format(
+            "; the store is unreachable too ({}): the process that hosts it (rank 0, or the "
+            "launcher) has exited or its host is down, and the job cannot go on without it",
+            found.store_error);
+      }
+    }
+    if (error.code() == ErrorCode::Timeout && symmetric && context.seq != 0 && context.size > 1) {
+      // Before hanging up (which would turn the others' Timeouts into PeerLost): who else timed
+      // out in this collective? At most 1 s, and at most half the margin that a Work's wait()
+      // gives the collective's own deadline (the constructor), so that this Timeout still
+      // reaches the caller first.
+      const auto grace = std::min<std::chrono::milliseconds>(
+          std::chrono::seconds(1),
+          std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout / 10) / 2);
+      std::vector<int> silent = failure_.silent_members(context.seq, context.size, grace);
+      if (!silent.empty()) {
+        detail += fmt::format(
+            "; {} with this one (within {} ms): the likely cause, stopped, hung or busy outside "
+            "weft",
+            ranks_that(silent, fmt::format("did not time out in #{}", context.seq),
+                       fmt::format("did not time out in #{}", context.seq)),
+            grace.count());
       }
     }
     auto failure = std::make_exception_ptr(Error(error.code(), context, detail));
@@ -205,7 +231,11 @@ void TransportBackend::break_group(const ErrorContext& context, std::exception_p
 }
 
 void TransportBackend::run(const Collective& collective, const ErrorContext& context) {
-  guarded(context, [&](Clock::time_point deadline) {
+  const CollectiveKind kind = collective.kind;
+  const bool symmetric = kind == CollectiveKind::AllReduce || kind == CollectiveKind::AllGather ||
+                         kind == CollectiveKind::ReduceScatter ||
+                         kind == CollectiveKind::AllToAll || kind == CollectiveKind::Barrier;
+  guarded(context, symmetric, [&](Clock::time_point deadline) {
     // Every message of the collective carries its call's fingerprint (collectives/tag.h).
     const DType dtype = !collective.inputs.empty()    ? collective.inputs[0].dtype
                         : !collective.outputs.empty() ? collective.outputs[0].dtype

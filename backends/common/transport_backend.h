@@ -14,7 +14,8 @@
 // - Group failure: the first collective that fails with PeerLost, Timeout or Protocol breaks the
 //   group: the failure is recorded in the group's store (group_failure.h), the transport is
 //   aborted so that every peer blocked on this rank learns at once, and every later collective
-//   fails at once with the same error. A PeerLost learned second-hand names the first failure.
+//   fails at once with the same error. A PeerLost learned second-hand names the first failure;
+//   a collective's Timeout first names the members that did not time out with this rank.
 //   A dead process closes its connections, so the first PeerLost comes within the transport's
 //   liveness interval, not at the timeout.
 // - Errors leave with the collective's context in front: rank, group, op, #seq.
@@ -61,8 +62,14 @@ class TransportBackend final : public Backend {
   // Runs one collective on the progress thread; throws weft::Error.
   void run(const Collective& collective, const ErrorContext& context);
   // Runs `body` against the group's deadline and gives what it throws the context: rank, group,
-  // op, #seq; a PeerLost, Timeout or Protocol error breaks the group.
-  void guarded(const ErrorContext& context,
+  // op, #seq; a PeerLost, Timeout or Protocol error breaks the group. A Timeout of a symmetric
+  // collective (`symmetric`: all_reduce, all_gather, reduce_scatter, all_to_all, barrier, whose
+  // ring and pairwise algorithms keep every member waiting to the end for data that passed
+  // through every other; not a rooted one, where the root or a leaf often finishes first, nor
+  // sends and receives) names the members that did not time out with this rank
+  // (GroupFailure::silent_members()) as the likely cause: a heuristic, since a tree algorithm's
+  // member whose part was done early is named too.
+  void guarded(const ErrorContext& context, bool symmetric,
                const std::function<void(collectives::Clock::time_point)>& body);
   // After a failure: record it, abort the transport, remember it for later collectives.
   void break_group(const ErrorContext& context, std::exception_ptr error);

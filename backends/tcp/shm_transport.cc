@@ -130,10 +130,14 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
       config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us) : spin_budget_for(local);
 
   // 1. This rank's segment: doorbell, then one ring per sender, formatted before publishing.
-  // Named after the job, so that a launcher can remove what a rank killed during set-up leaves.
-  const std::string name =
-      fmt::format("{}{:016x}-{}-r{}", shm_job_prefix(launcher_job_id(std::getenv).value),
-                  options_.group_id, ::getpid(), matcher_.rank());
+  // Named after the job, so that a launcher can remove what a rank killed during set-up leaves,
+  // and so can the next run of the same job (no launcher removes them after a crash of all).
+  // The pid and the group id (random per run) in the name keep a new run from ever opening
+  // an old run's segment.
+  const std::string job = launcher_job_id(std::getenv).value;
+  remove_earlier_runs_segments(job);
+  const std::string name = fmt::format("{}{:016x}-{}-r{}", shm_job_prefix(job), options_.group_id,
+                                       ::getpid(), matcher_.rank());
   auto key = [&](int r) { return fmt::format("{}/{}", options_.key_prefix, r); };
   try {
     segment_ = ShmSegment::create(name, ring_offset(senders.size(), capacity));

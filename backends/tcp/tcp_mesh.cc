@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -42,6 +44,25 @@ constexpr std::chrono::milliseconds kRefusedGrace{1000};
 constexpr const char* kFailedRecord = "weft-tcp-failed";
 // How long set-up may be quiet before a rank looks whether another has given up.
 constexpr std::chrono::milliseconds kFailureCheck{250};
+
+// Test-only (docs/configuration.md): WEFT_TEST_KILL_AT=mesh_connect[:N] makes this process
+// SIGKILL itself in its Nth TCP mesh set-up (default the first, the world's), just after it
+// published its address and before it connects: a moment the fault tests
+// (tests/hosts/fault_kill_test.py) cannot hit from outside. The variable is read once per
+// process; unset, each set-up pays one test of a static.
+void kill_here_if_asked() {
+  static const int target = [] {
+    const char* text = std::getenv("WEFT_TEST_KILL_AT");
+    if (text == nullptr) return 0;
+    std::string_view value(text);
+    if (value == "mesh_connect") return 1;
+    if (!value.starts_with("mesh_connect:")) return 0;
+    return std::max(0, std::atoi(text + std::strlen("mesh_connect:")));
+  }();
+  if (target == 0) return;
+  static std::atomic<int> set_ups{0};
+  if (++set_ups == target) ::raise(SIGKILL);
+}
 
 // Where the first rank that gives up on set-up writes "rank\ncode\nmessage".
 std::string failure_key(const TcpMeshOptions& options) {
@@ -355,6 +376,7 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
       keys[rank],
       encode_record(PeerRecord{host, port, host_fingerprint(), shm_domain(), options.shm}, nonce));
   *published = true;
+  kill_here_if_asked();
 
   std::vector<Bytes> values;
   try {
@@ -515,6 +537,13 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
     try {
       net::read_exact(mesh.sockets_[peer].fd(), bytes.data(), bytes.size(), deadline, where);
     } catch (const Error& e) {
+      if (e.code() == ErrorCode::PeerLost) {
+        throw_error(
+            ErrorCode::PeerLost, where,
+            fmt::format("rank {} ({}:{}) hung up before answering the handshake: it "
+                        "exited or crashed during set-up ({})",
+                        peer, mesh.records_[peer].host, mesh.records_[peer].port, e.what()));
+      }
       if (e.code() != ErrorCode::Timeout) throw;
       std::vector<int> missing;
       for (int r = peer; r < rank; ++r) missing.push_back(r);

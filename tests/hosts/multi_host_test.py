@@ -181,6 +181,14 @@ def no_segments_left(tag):
     check(not left, f"{tag}: /dev/shm segments left behind: {left}")
 
 
+def nothing_left(set_no):
+    """After `netns-hosts down`: no namespace or link of the set is left (fault_kill_test.py too)."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    check(f"wft{set_no}h" not in names, f"namespaces left behind:\n{names}")
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    check(f"wft{set_no}" not in links, f"links left behind:\n{links}")
+
+
 def check_conformance_ran(text, families, where):
     """Every rank's Catch2 summary says all passed, with at least one test case per family."""
     import re
@@ -675,10 +683,7 @@ def main():
              "hierarchical": case_hierarchical, "ucx": case_ucx}[case](build, set_no)
         finally:
             netns("down", set_no)
-        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        check(f"wft{set_no}h" not in names, f"namespaces left behind:\n{names}")
-        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        check(f"wft{set_no}" not in links, f"links left behind:\n{links}")
+        nothing_left(set_no)
         no_segments_left(case)
     except Skip as s:
         print(s)

@@ -7,7 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -394,6 +397,68 @@ TEST_CASE("a rank of another job is refused naming both job ids, and the job's o
     check_identity(rdzv, rank, 2);
     exchange(rdzv);
   });
+}
+
+// Issue 18: a rank of another weft release, or with settings that change the wire, is refused at
+// rendezvous, and so is every rank of its job, each naming both sides. Rank 0 joins first (the
+// others wait for its claim), so it is the one compared with.
+//
+// Each rank runs in a fresh process (this program, exec'd on the hidden case below): WEFT_DEBUG
+// reaches rendezvous through config(), which a process reads once, and a forked child keeps what
+// its parent read.
+void refused_by_mismatch(int odd_rank, const char* variable, const char* value,
+                         const std::string& words) {
+  AgentProcess agent;
+  uint16_t port = agent.port();
+  test::run_ranks_ok(3, [&](int rank) {
+    clear_launcher_env();
+    if (rank == odd_rank) setenv(variable, value, 1);
+    set_env("WEFT_TEST_RDZV_PORT", std::to_string(port));
+    set_env("WEFT_TEST_RDZV_RANK", std::to_string(rank));
+    set_env("WEFT_TEST_RDZV_WORDS", words);
+    set_env("WEFT_TEST_RDZV_ODD", rank == odd_rank ? "1" : "0");
+    execl("/proc/self/exe", "rendezvous_test", "one rank of a mismatched rendezvous*", nullptr);
+    RANK_CHECK(false, "exec: {}", std::strerror(errno));
+  });
+}
+
+TEST_CASE("one rank of a mismatched rendezvous run in a fresh process by the cases below",
+          "[.][rendezvous_rank]") {
+  const int port = std::atoi(std::getenv("WEFT_TEST_RDZV_PORT"));
+  const int rank = std::atoi(std::getenv("WEFT_TEST_RDZV_RANK"));
+  const std::string words = std::getenv("WEFT_TEST_RDZV_WORDS");
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  if (rank != 0) {
+    TCPStore client(client_options(static_cast<uint16_t>(port)));
+    client.wait({"weft/rendezvous/0/rank/0"}, seconds(20));
+  }
+  const std::string url = fmt::format("tcp://127.0.0.1:{}?rank={}&world_size=3", port, rank);
+  try {
+    rendezvous({.url = url, .timeout = seconds(20)});
+    FAIL("rank " << rank << " was not refused");
+  } catch (const Error& e) {
+    INFO("rank " << rank << ": " << e.what());
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e.what(), Catch::Contains("rendezvous " + url));
+    CHECK_THAT(e.what(), Catch::Contains(words));
+    if (std::string(std::getenv("WEFT_TEST_RDZV_ODD")) != "1") {
+      CHECK_THAT(e.what(), Catch::Contains("the job was refused at rendezvous: "));
+    }
+  }
+}
+
+TEST_CASE("a rank of another weft version is refused at rendezvous, with every rank, naming both",
+          "[launch][rendezvous][multiproc]") {
+  refused_by_mismatch(2, "WEFT_TEST_FAKE_VERSION", "0.0.9",
+                      "rank 2 runs weft 0.0.9 but rank 0 (the first to join) runs weft " +
+                          std::string(WEFT_TEST_VERSION) + ": every rank of a job must run");
+}
+
+TEST_CASE("a rank whose WEFT_DEBUG differs is refused at rendezvous, with every rank, naming both",
+          "[launch][rendezvous][multiproc]") {
+  refused_by_mismatch(1, "WEFT_DEBUG", "detail",
+                      "rank 1 has WEFT_DEBUG=detail but rank 0 (the first to join) has "
+                      "WEFT_DEBUG=off");
 }
 
 TEST_CASE("a rank whose store quits during rendezvous says so, naming the store",
