@@ -73,9 +73,11 @@ TransportBackend::TransportBackend(std::string name, const BackendOptions& optio
   // for one may run it on its own thread, saving two thread wake-ups per small collective.
   // A Work's default wait() gives the collective's own deadline (the group timeout, counted from
   // its start) a margin to fire first: its Timeout names the rank not heard from; wait()'s
-  // generic one cannot.
+  // generic one cannot. The margin covers a transport taking its requests back from a silent
+  // peer (kWithdrawBound) and what guarded() asks the store before the error leaves.
   const auto margin =
-      std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout / 10);
+      std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout / 10) +
+      kWithdrawBound;
   thread_ = std::make_unique<ProgressThread>("weft-" + options_.group_name, options_.timeout,
                                              options_.timeout + margin, /*caller_runs=*/true);
   thread_->set_abort_hook([this] {

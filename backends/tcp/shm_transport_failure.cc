@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/common/transport_util.h"
 #include "backends/tcp/shm_peer.h"
 #include "backends/tcp/shm_transport.h"
 
@@ -17,7 +18,7 @@ using collectives::Clock;
 
 namespace {
 // How long withdrawing a single-copy send waits for the peer to have read it.
-constexpr std::chrono::seconds kWithdrawWait{2};
+constexpr std::chrono::seconds kWithdrawWait = backends::kWithdrawBound;
 }  // namespace
 
 void ShmTransport::check_peers(bool now_please) {

@@ -336,6 +336,29 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
       throw_ucs(where, fmt::format("ucp_ep_create to rank {}", r), status);
     }
   }
+  // 4. Nobody leaves before everyone has its endpoints: ucp_ep_create attaches the peer's
+  // shared-memory FIFO, which disappears with the peer, and a rank whose work needs no reply
+  // (one eager send) can finish and exit before a slower peer has connected to it (seen: shmat
+  // EINVAL, "ucp_ep_create to rank 1: Shared memory error").
+  std::vector<std::string> connected;
+  for (int r = 0; r < size; ++r) {
+    connected.push_back(fmt::format("{}/connected/{}", options.key_prefix, r));
+  }
+  store.set(connected[rank], Bytes{1});
+  try {
+    store.wait(connected, options.timeout);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::Timeout) throw;
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({connected[r]})) missing.push_back(r);
+    }
+    throw_error(ErrorCode::Timeout, where,
+                fmt::format("{} within {} ms",
+                            backends::ranks_that(missing, "did not connect its UCX endpoints",
+                                                 "did not connect their UCX endpoints"),
+                            options.timeout.count()));
+  }
   t->spin_budget_ = config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us)
                                           : backends::spin_budget_for(local);
   if (t->spin_budget_.count() == 0) t->yield_rounds_ = backends::kOversubscribedYieldRounds;

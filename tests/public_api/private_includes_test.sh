@@ -3,14 +3,14 @@
 # targets still see the repository root (fsdp includes its headers as "fsdp/..."), so the build
 # alone would not stop an include of an internal header there; this check does.
 # weftrun is the one documented exception (docs/architecture.md, "Public API"): it reads the
-# launchers' environments as init_process_group() does, and names shared-memory segments as the
-# ranks do.
+# launchers' environments as init_process_group() does, names shared-memory segments as the
+# ranks do, and words running out of descriptors as they do.
 # Usage: private_includes_test.sh SOURCE_DIR
 set -euo pipefail
 cd "$1"
 if hits=$(grep -rEn '#include "(runtime|collectives|backends|tests)/' fsdp benchmarks examples \
             tools --include='*.cc' --include='*.h' --include='*.c' |
-          grep -vE '^tools/weftrun.cc:.*"runtime/launch_env.h"|^tools/weftrun_supervisor.cc:.*"runtime/shm_names.h"'); then
+          grep -vE '^tools/weftrun.cc:.*"runtime/launch_env.h"|^tools/weftrun_supervisor.cc:.*"runtime/(shm_names|fd_limit).h"'); then
   echo "FAIL: internal headers included from code that may use the public API only:" >&2
   echo "$hits" >&2
   exit 1
