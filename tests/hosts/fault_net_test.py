@@ -319,8 +319,16 @@ def shm_fails(results, where, both_local):
           f"{where}: host 1's ranks do not say that /dev/shm is full, the size and WEFT_SHM=0:\n"
           f"{host1}")
     if both_local:
+        # The other rank names the failure, unless the rank that ran out was rank 0, which hosts
+        # the store and takes it along when it exits: then its peer may learn only that the
+        # store closed (a known gap: docs/reliability.md, "Found, not fixed").
         named = host1.count("could not make its shared-memory segment")
-        check(full + named >= 2, f"{where}: a rank of host 1 gave another reason:\n{host1}")
+        store_gone = 0
+        if "-r0\": Io: /dev/shm is too small" in host1:
+            store_gone = len(re.findall(r"store \S+ \S+: PeerLost: connection closed by peer",
+                                        host1))
+        check(full + named + store_gone >= 2,
+              f"{where}: a rank of host 1 gave another reason:\n{host1}")
     for out in results[0][1]:
         waited = re.search(r"ERROR \w+ after ([\d.]+) s without progress", out["out"])
         check(waited and float(waited.group(1)) < 20,
