@@ -293,21 +293,27 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
   for (int r = 0; r < size; ++r) keys.push_back(fmt::format("{}/{}", options.key_prefix, r));
   store.set(keys[rank], record);
 
+  // A store wait for one key per rank that timed out: Timeout naming the ranks whose key is
+  // missing ("rank 3 did not ..." / "ranks 1, 3 did not ...").
+  auto missing_ranks = [&](const std::vector<std::string>& per_rank, std::string_view singular,
+                           std::string_view plural) {
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({per_rank[r]})) missing.push_back(r);
+    }
+    throw_error(ErrorCode::Timeout, where,
+                fmt::format("{} under \"{}/\" within {} ms",
+                            backends::ranks_that(missing, singular, plural), options.key_prefix,
+                            options.timeout.count()));
+  };
+
   // 2. Read every rank's record in one request.
   std::vector<Bytes> records;
   try {
     records = store.multi_get(keys, options.timeout);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::Timeout) throw;
-    std::vector<int> missing;
-    for (int r = 0; r < size; ++r) {
-      if (!store.check({keys[r]})) missing.push_back(r);
-    }
-    throw_error(ErrorCode::Timeout, where,
-                fmt::format("{} under \"{}/\" within {} ms",
-                            backends::ranks_that(missing, "did not publish its UCX address",
-                                                 "did not publish their UCX addresses"),
-                            options.key_prefix, options.timeout.count()));
+    missing_ranks(keys, "did not publish its UCX address", "did not publish their UCX addresses");
   }
 
   // 3. One endpoint per peer, failing (not hanging) when the peer dies.
@@ -349,15 +355,8 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
     store.wait(connected, options.timeout);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::Timeout) throw;
-    std::vector<int> missing;
-    for (int r = 0; r < size; ++r) {
-      if (!store.check({connected[r]})) missing.push_back(r);
-    }
-    throw_error(ErrorCode::Timeout, where,
-                fmt::format("{} within {} ms",
-                            backends::ranks_that(missing, "did not connect its UCX endpoints",
-                                                 "did not connect their UCX endpoints"),
-                            options.timeout.count()));
+    missing_ranks(connected, "did not connect its UCX endpoints",
+                  "did not connect their UCX endpoints");
   }
   t->spin_budget_ = config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us)
                                           : backends::spin_budget_for(local);

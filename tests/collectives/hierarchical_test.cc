@@ -48,130 +48,129 @@ std::string layout_text(const std::vector<int>& ids) {
   return fmt::format("nodes {}", fmt::join(ids, ","));
 }
 
-TEST_CASE("hierarchical all_reduce equals the reference on every layout, in and out of place",
-          "[collectives][hierarchical]") {
-  for (const auto& ids : kUniformLayouts) {
+// Runs body(transport, rank, failures, layout, size) on every rank of every layout.
+template <typename Body>
+void on_every_layout(const std::vector<std::vector<int>>& layouts, Body body) {
+  for (const auto& ids : layouts) {
     const int size = static_cast<int>(ids.size());
     INFO(layout_text(ids));
     report(run_world(size, eager_limit_for(size), [&](Transport& transport, int rank, Failures& f) {
-      const NodeLayout layout = collectives::node_layout(ids, rank);
-      collectives::ScratchPool pool;
-      uint64_t seq = 0;
-      for (DType dtype : kTestDTypes) {
-        for (ReduceOp op : ops_for(dtype)) {
-          for (size_t count : counts_for(size)) {
-            ++seq;
-            const std::vector<std::byte> input = make_input(dtype, op, rank, count);
-            std::vector<std::byte> output(input.size());
-            const bool in_place = seq % 2 == 0;
-            if (in_place) output = input;
-            collectives::hierarchical_all_reduce(context(transport, seq, &pool), layout,
-                                                 in_place ? output.data() : input.data(),
-                                                 output.data(), count, dtype, op);
-            if (!in_place && input != make_input(dtype, op, rank, count)) {
-              f.add(fmt::format("rank {} {}: input changed", rank,
-                                describe_case("all_reduce", dtype, op, count)));
-            }
-            for (size_t i = 0; i < count; ++i) {
-              std::string shown;
-              if (!matches(dtype, op, output.data() + i * dtype_size(dtype),
-                           reference(dtype, op, size, i), &shown)) {
-                f.add(fmt::format("rank {} {} element {}: {}", rank,
-                                  describe_case("all_reduce", dtype, op, count), i, shown));
-                break;
-              }
+      body(transport, rank, f, collectives::node_layout(ids, rank), size);
+    }));
+  }
+}
+
+TEST_CASE("hierarchical all_reduce equals the reference on every layout, in and out of place",
+          "[collectives][hierarchical]") {
+  on_every_layout(kUniformLayouts, [&](Transport& transport, int rank, Failures& f,
+                                       const NodeLayout& layout, int size) {
+    collectives::ScratchPool pool;
+    uint64_t seq = 0;
+    for (DType dtype : kTestDTypes) {
+      for (ReduceOp op : ops_for(dtype)) {
+        for (size_t count : counts_for(size)) {
+          ++seq;
+          const std::vector<std::byte> input = make_input(dtype, op, rank, count);
+          std::vector<std::byte> output(input.size());
+          const bool in_place = seq % 2 == 0;
+          if (in_place) output = input;
+          collectives::hierarchical_all_reduce(context(transport, seq, &pool), layout,
+                                               in_place ? output.data() : input.data(),
+                                               output.data(), count, dtype, op);
+          if (!in_place && input != make_input(dtype, op, rank, count)) {
+            f.add(fmt::format("rank {} {}: input changed", rank,
+                              describe_case("all_reduce", dtype, op, count)));
+          }
+          for (size_t i = 0; i < count; ++i) {
+            std::string shown;
+            if (!matches(dtype, op, output.data() + i * dtype_size(dtype),
+                         reference(dtype, op, size, i), &shown)) {
+              f.add(fmt::format("rank {} {} element {}: {}", rank,
+                                describe_case("all_reduce", dtype, op, count), i, shown));
+              break;
             }
           }
         }
       }
-    }));
-  }
+    }
+  });
 }
 
 TEST_CASE("hierarchical reduce_scatter gives each rank its block, equal and uneven blocks",
           "[collectives][hierarchical]") {
-  for (const auto& ids : kUniformLayouts) {
-    const int size = static_cast<int>(ids.size());
-    INFO(layout_text(ids));
-    report(run_world(size, eager_limit_for(size), [&](Transport& transport, int rank, Failures& f) {
-      const NodeLayout layout = collectives::node_layout(ids, rank);
-      collectives::ScratchPool pool;
-      uint64_t seq = 0;
-      for (DType dtype : kTestDTypes) {
-        for (ReduceOp op : ops_for(dtype)) {
-          for (int variant = 0; variant < 4; ++variant) {
-            std::vector<size_t> counts(size);
-            for (int j = 0; j < size; ++j) {
-              counts[j] = variant == 0   ? 0
-                          : variant == 1 ? 13
-                          : variant == 2 ? static_cast<size_t>(j * 3 + 1) % 5  // some empty
-                                         : 70;
-            }
-            const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-            size_t first = 0;
-            for (int j = 0; j < rank; ++j) first += counts[j];
-            const std::vector<std::byte> input = make_input(dtype, op, rank, total);
-            std::vector<std::byte> output(counts[rank] * dtype_size(dtype));
-            ++seq;
-            collectives::hierarchical_reduce_scatter(context(transport, seq, &pool), layout,
-                                                     input.data(), output.data(), counts, dtype,
-                                                     op);
-            if (input != make_input(dtype, op, rank, total)) {
-              f.add(fmt::format("rank {} {}: input changed", rank,
-                                describe_case("reduce_scatter", dtype, op, total)));
-            }
-            for (size_t k = 0; k < counts[rank]; ++k) {
-              std::string shown;
-              if (!matches(dtype, op, output.data() + k * dtype_size(dtype),
-                           reference(dtype, op, size, first + k), &shown)) {
-                f.add(fmt::format("rank {} {} variant {} element {}: {}", rank,
-                                  describe_case("reduce_scatter", dtype, op, total), variant, k,
-                                  shown));
-                break;
-              }
+  on_every_layout(kUniformLayouts, [&](Transport& transport, int rank, Failures& f,
+                                       const NodeLayout& layout, int size) {
+    collectives::ScratchPool pool;
+    uint64_t seq = 0;
+    for (DType dtype : kTestDTypes) {
+      for (ReduceOp op : ops_for(dtype)) {
+        for (int variant = 0; variant < 4; ++variant) {
+          std::vector<size_t> counts(size);
+          for (int j = 0; j < size; ++j) {
+            counts[j] = variant == 0   ? 0
+                        : variant == 1 ? 13
+                        : variant == 2 ? static_cast<size_t>(j * 3 + 1) % 5  // some empty
+                                       : 70;
+          }
+          const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+          size_t first = 0;
+          for (int j = 0; j < rank; ++j) first += counts[j];
+          const std::vector<std::byte> input = make_input(dtype, op, rank, total);
+          std::vector<std::byte> output(counts[rank] * dtype_size(dtype));
+          ++seq;
+          collectives::hierarchical_reduce_scatter(context(transport, seq, &pool), layout,
+                                                   input.data(), output.data(), counts, dtype, op);
+          if (input != make_input(dtype, op, rank, total)) {
+            f.add(fmt::format("rank {} {}: input changed", rank,
+                              describe_case("reduce_scatter", dtype, op, total)));
+          }
+          for (size_t k = 0; k < counts[rank]; ++k) {
+            std::string shown;
+            if (!matches(dtype, op, output.data() + k * dtype_size(dtype),
+                         reference(dtype, op, size, first + k), &shown)) {
+              f.add(fmt::format("rank {} {} variant {} element {}: {}", rank,
+                                describe_case("reduce_scatter", dtype, op, total), variant, k,
+                                shown));
+              break;
             }
           }
         }
       }
-    }));
-  }
+    }
+  });
 }
 
 TEST_CASE("hierarchical all_gather puts every rank's block in its place, in and out of place",
           "[collectives][hierarchical]") {
-  for (const auto& ids : kUniformLayouts) {
-    const int size = static_cast<int>(ids.size());
-    INFO(layout_text(ids));
-    report(run_world(size, eager_limit_for(size), [&](Transport& transport, int rank, Failures& f) {
-      const NodeLayout layout = collectives::node_layout(ids, rank);
-      collectives::ScratchPool pool;
-      uint64_t seq = 0;
-      for (DType dtype : {DType::Float32, DType::Int8, DType::Float64}) {
-        for (size_t count : counts_for(size)) {
-          ++seq;
-          const size_t element = dtype_size(dtype);
-          const std::vector<std::byte> input = make_input(dtype, ReduceOp::Sum, rank, count);
-          std::vector<std::byte> output(input.size() * size, std::byte{0xee});
-          const bool in_place = seq % 2 == 0;
-          if (in_place && count > 0) {
-            std::copy(input.begin(), input.end(), output.begin() + rank * count * element);
-          }
-          collectives::hierarchical_all_gather(
-              context(transport, seq, &pool), layout,
-              in_place ? output.data() + rank * count * element : input.data(), output.data(),
-              count, dtype);
-          for (int r = 0; r < size; ++r) {
-            if (!std::equal(output.begin() + r * count * element,
-                            output.begin() + (r + 1) * count * element,
-                            make_input(dtype, ReduceOp::Sum, r, count).begin())) {
-              f.add(fmt::format("rank {} all_gather {} x {}: rank {}'s block is wrong", rank,
-                                dtype_name(dtype), count, r));
-            }
+  on_every_layout(kUniformLayouts, [&](Transport& transport, int rank, Failures& f,
+                                       const NodeLayout& layout, int size) {
+    collectives::ScratchPool pool;
+    uint64_t seq = 0;
+    for (DType dtype : {DType::Float32, DType::Int8, DType::Float64}) {
+      for (size_t count : counts_for(size)) {
+        ++seq;
+        const size_t element = dtype_size(dtype);
+        const std::vector<std::byte> input = make_input(dtype, ReduceOp::Sum, rank, count);
+        std::vector<std::byte> output(input.size() * size, std::byte{0xee});
+        const bool in_place = seq % 2 == 0;
+        if (in_place && count > 0) {
+          std::copy(input.begin(), input.end(), output.begin() + rank * count * element);
+        }
+        collectives::hierarchical_all_gather(
+            context(transport, seq, &pool), layout,
+            in_place ? output.data() + rank * count * element : input.data(), output.data(), count,
+            dtype);
+        for (int r = 0; r < size; ++r) {
+          if (!std::equal(output.begin() + r * count * element,
+                          output.begin() + (r + 1) * count * element,
+                          make_input(dtype, ReduceOp::Sum, r, count).begin())) {
+            f.add(fmt::format("rank {} all_gather {} x {}: rank {}'s block is wrong", rank,
+                              dtype_name(dtype), count, r));
           }
         }
       }
-    }));
-  }
+    }
+  });
 }
 
 TEST_CASE("hierarchical broadcast reaches every rank from every root, uneven nodes too",
@@ -179,32 +178,28 @@ TEST_CASE("hierarchical broadcast reaches every rank from every root, uneven nod
   std::vector<std::vector<int>> layouts = kUniformLayouts;
   layouts.push_back({0, 0, 0, 1});        // 3 + 1
   layouts.push_back({0, 1, 1, 2, 2, 2});  // 1 + 2 + 3
-  for (const auto& ids : layouts) {
-    const int size = static_cast<int>(ids.size());
-    INFO(layout_text(ids));
-    report(run_world(size, eager_limit_for(size), [&](Transport& transport, int rank, Failures& f) {
-      const NodeLayout layout = collectives::node_layout(ids, rank);
-      uint64_t seq = 0;
-      for (int root = 0; root < size; ++root) {
-        for (size_t bytes : {size_t{0}, size_t{1}, size_t{1000}, size_t{300000}}) {
-          ++seq;
-          std::vector<std::byte> data(bytes);
-          for (size_t i = 0; i < bytes; ++i) {
-            data[i] = rank == root ? static_cast<std::byte>((i * 7 + root) % 251) : std::byte{0};
-          }
-          collectives::hierarchical_broadcast(context(transport, seq, nullptr), layout, data.data(),
-                                              bytes, root);
-          for (size_t i = 0; i < bytes; ++i) {
-            if (data[i] != static_cast<std::byte>((i * 7 + root) % 251)) {
-              f.add(fmt::format("rank {} broadcast of {} bytes from {}: byte {} is wrong", rank,
-                                bytes, root, i));
-              break;
-            }
+  on_every_layout(layouts, [&](Transport& transport, int rank, Failures& f,
+                               const NodeLayout& layout, int size) {
+    uint64_t seq = 0;
+    for (int root = 0; root < size; ++root) {
+      for (size_t bytes : {size_t{0}, size_t{1}, size_t{1000}, size_t{300000}}) {
+        ++seq;
+        std::vector<std::byte> data(bytes);
+        for (size_t i = 0; i < bytes; ++i) {
+          data[i] = rank == root ? static_cast<std::byte>((i * 7 + root) % 251) : std::byte{0};
+        }
+        collectives::hierarchical_broadcast(context(transport, seq, nullptr), layout, data.data(),
+                                            bytes, root);
+        for (size_t i = 0; i < bytes; ++i) {
+          if (data[i] != static_cast<std::byte>((i * 7 + root) % 251)) {
+            f.add(fmt::format("rank {} broadcast of {} bytes from {}: byte {} is wrong", rank,
+                              bytes, root, i));
+            break;
           }
         }
       }
-    }));
-  }
+    }
+  });
 }
 
 TEST_CASE("the rail-based collectives refuse uneven nodes with InvalidArgument",
