@@ -290,8 +290,7 @@ void hierarchical_all_gather(const Context& ctx, const NodeLayout& layout, const
   // to every local peer). Each phase posts all its messages at once.
   const int node_count = layout.node_count();
   auto slot = [&](int n, int l) {
-    return out + static_cast<size_t>(
-                     layout.nodes[static_cast<size_t>(n)][static_cast<size_t>(l)]) *
+    return out + static_cast<size_t>(layout.nodes[static_cast<size_t>(n)][static_cast<size_t>(l)]) *
                      block;
   };
   phase(where, "inter-node all-gather", [&] {
