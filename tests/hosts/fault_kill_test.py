@@ -12,7 +12,8 @@ and restart. Faults are triggered by what a rank prints (never by sleeping), and
 must fail with the error the case names within a bound; then nothing may be left: processes,
 the job's /dev/shm segments (each host's own and the root one), namespaces, links.
 
-CASE is one of:
+CASE is one of the following, or allreduce_ucx, sigstop_ucx, store_agent_ucx: the same over the
+UCX backend (skipped, 77, where it is not built):
   rendezvous   rank 3 is killed before it joins, while the others wait in rendezvous: they
                fail with Timeout naming it as missing (nothing tells a dead rank from a slow
                one there; WEFT_TIMEOUT=5).
@@ -63,7 +64,11 @@ import multi_host_test as hosts
 from multi_host_test import Failure, check
 
 CASES = {"rendezvous": 120, "mesh": 121, "allreduce": 122, "shm": 123, "split": 124,
-         "sigstop": 125, "store_host": 126, "restart": 127, "mismatch": 128, "store_agent": 129}
+         "sigstop": 125, "store_host": 126, "restart": 127, "mismatch": 128, "store_agent": 129,
+         "allreduce_ucx": 130, "sigstop_ucx": 131, "store_agent_ucx": 132}
+# Variables every rank gets on top of the case's: the *_ucx cases run their case over the UCX
+# backend (the module's folder from WEFT_TEST_UCX_DIR, as meson passes it).
+BACKEND_ENV = {}
 
 
 # ---- The agent: runs inside one host, starts its ranks, relays their lines and exits.
@@ -273,6 +278,7 @@ def launch(job, set_no, name, args, port, timeout="60", extra_by_rank=None, only
             if only is not None and r not in only:
                 continue
             extra = {"WEFT_JOB_ID": name, "WEFT_TIMEOUT": timeout, "WEFT_TRACE_DIR": TRACE_DIR}
+            extra.update(BACKEND_ENV)
             if agent_store:
                 extra["TORCHELASTIC_USE_AGENT_STORE"] = "True"
             extra.update((extra_by_rank or {}).get(r, {}))
@@ -527,6 +533,14 @@ def main():
     set_no = CASES[case]
     TRACE_DIR = tempfile.mkdtemp(prefix=f"weft-fault-{case}-")
     job = None
+    if case.endswith("_ucx"):
+        ucx_dir = os.environ.get("WEFT_TEST_UCX_DIR") or os.path.join(build, "backends", "ucx")
+        if not os.path.exists(os.path.join(ucx_dir, "libweft-backend-ucx.so")):
+            print(f"skipped: the UCX backend is not built ({ucx_dir} has no "
+                  "libweft-backend-ucx.so: install libucx-dev and rebuild)")
+            return 77
+        BACKEND_ENV.update({"WEFT_BACKEND": "ucx", "WEFT_PLUGIN_PATH": ucx_dir})
+        case = case[:-len("_ucx")]
     try:
         job = Job(set_no)
         globals()[f"case_{case}"](job, set_no)
