@@ -166,7 +166,7 @@ def worker_spec(set_no, case, hosts_ranks, mode, count, env=None, timeout=120):
         for e in envs:
             e.update({"PYTHONPATH": build_python, "WEFT_LOG": "warn"})
             e.update(env or {})
-        specs.append({"cmd": [sys.executable, os.path.abspath(__file__), "worker", mode,
+        specs.append({"cmd": mh.python_command() + [os.path.abspath(__file__), "worker", mode,
                               str(count)], "ranks": [{"env": e} for e in envs],
                       "timeout": timeout})
     return specs

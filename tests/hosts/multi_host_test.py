@@ -77,6 +77,15 @@ def set_id(case):
             "ucx": 207}[case]
 
 
+def python_command():
+    """The Python that runs weft's package in a rank: meson's (WEFT_TEST_PYTHON), behind `env`
+    with what a sanitizer build needs (WEFT_TEST_PYTHON_ENV: the runtime preloaded, no leak check
+    of the interpreter), or this one."""
+    python = os.environ.get("WEFT_TEST_PYTHON", sys.executable)
+    extra = [v for v in os.environ.get("WEFT_TEST_PYTHON_ENV", "").split(";") if v]
+    return ["env"] + extra + [python] if extra else [python]
+
+
 def spawn_ranks(spec):
     """Runs inside one host: starts every rank of `spec` at once, waits, prints each one's output
     as JSON on stdout (the parent reads it), exits with the worst exit code.
@@ -600,11 +609,11 @@ def case_hierarchical(build, set_no):
     master = f"10.77.{set_no}.1"
     weftrun = os.path.join(build, "tools", "weftrun")
     check_py = os.path.join(HERE, "hierarchical_check.py")
-    python = os.environ.get("WEFT_TEST_PYTHON", sys.executable)
+    python = python_command()
     conformance = os.path.join(build, "tests", "conformance", "conformance_test")
     families = "[all_reduce],[all_gather],[reduce_scatter],[broadcast]"
-    runs = [(2, "", [python, check_py]),
-            (3, "hierarchical", [python, check_py]),
+    runs = [(2, "", python + [check_py]),
+            (3, "hierarchical", python + [check_py]),
             (2, "hierarchical", [conformance, families])]
     for port, (hosts, algo, program) in enumerate(runs, start=29620):
         with tempfile.TemporaryDirectory() as trace_dir:
