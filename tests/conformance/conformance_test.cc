@@ -713,6 +713,7 @@ struct Variant {
 struct Rank {
   int rank = 0;
   int size = 1;
+  std::string host = "127.0.0.1";  // the world's store: host, port (on rank 0's host)
   uint16_t port = 0;
   std::shared_ptr<ProcessGroup> world;
   std::vector<Variant> variants;
@@ -763,6 +764,7 @@ void run_rank_body(int rank, int size, uint16_t port, const std::vector<std::str
   Rank r;
   r.rank = rank;
   r.size = size;
+  r.host = host;
   r.port = port;
   r.world = init_process_group(options);
   std::vector<int> everyone(size);
@@ -1600,7 +1602,7 @@ TEST_CASE("all_to_all exchanges every block even, in place and with splits; barr
       }
       check_all_to_all(r, r.variants.back(), DType::UInt8, large_count(DType::UInt8) / r.size,
                        Form::Uneven);
-      TCPStore store({.host = "127.0.0.1", .port = r.port});
+      TCPStore store({.host = r.host, .port = r.port});
       for (const Variant* v : pick(r, {"dissemination"})) {
         for (int round = 0; round < 3; ++round) check_barrier(r, *v, store, round);
       }
@@ -2257,7 +2259,7 @@ TEST_CASE("argument errors are InvalidArgument naming the argument, and issue no
                         r.size, before, pg.sequence_number()));
       }
       check_all_reduce(r, v, DType::Float32, ReduceOp::Sum, 7, true);
-      TCPStore store({.host = "127.0.0.1", .port = r.port});
+      TCPStore store({.host = r.host, .port = r.port});
       check_barrier(r, v, store, 0);
     });
   }

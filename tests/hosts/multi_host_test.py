@@ -198,6 +198,11 @@ def nothing_left(set_no):
     check(f"wft{set_no}" not in links, f"links left behind:\n{links}")
 
 
+# The conformance suite's test cases (`conformance_test --list-tests`): the cases that run the
+# whole suite check that every rank ran all of them.
+CONFORMANCE_CASES = 12
+
+
 def check_conformance_ran(text, families, where):
     """Every rank's Catch2 summary says all passed, with at least one test case per family."""
     import re
@@ -227,15 +232,14 @@ def case_weftrun(build, set_no):
     netns("up", set_no, 2)
     conformance = os.path.join(build, "tests", "conformance", "conformance_test")
     perf = os.path.join(build, "benchmarks", "weft-perf")
-    families = "[all_reduce],[all_gather],[reduce_scatter],[broadcast],[p2p]"
-    for program in ([conformance, families], [perf, "all", "-b", "8", "-e", "4M", "-f", "8",
+    for program in ([conformance, "[conformance]"], [perf, "all", "-b", "8", "-e", "4M", "-f", "8",
                                               "-n", "3", "-w", "1", "-c", "1"]):
         results = weftrun_on_hosts(build, set_no, 2, 2, 29611, program)
         text = all_output(results)
         check(all(rc == 0 for rc, _ in results),
               f"{os.path.basename(program[0])} on 2 hosts x 2 ranks failed:\n{text}")
         if program[0] == conformance:
-            check_conformance_ran(text, 5, "2 hosts x 2 ranks")
+            check_conformance_ran(text, CONFORMANCE_CASES, "2 hosts x 2 ranks")
         if program[0] == perf:
             check("Out of bounds values : 0 OK" in text, f"weft-perf did not report 0 wrong:\n{text}")
             check("without authentication" in text and "WEFT_STORE_TOKEN" in text,
@@ -251,13 +255,12 @@ def case_ucx(build, set_no):
     netns("up", set_no, 2)
     conformance = os.path.join(build, "tests", "conformance", "conformance_test")
     perf = os.path.join(build, "benchmarks", "weft-perf")
-    families = "[all_reduce],[all_gather],[reduce_scatter],[broadcast],[p2p]"
     port = 29630
     for tls in (None, "tcp"):
         env = {"WEFT_BACKEND": "ucx", "WEFT_PLUGIN_PATH": plugin_dir}
         if tls:
             env["UCX_TLS"] = tls
-        for program in ([conformance, families], [perf, "all", "-b", "8", "-e", "4M", "-f", "8",
+        for program in ([conformance, "[conformance]"], [perf, "all", "-b", "8", "-e", "4M", "-f", "8",
                                                   "-n", "3", "-w", "1", "-c", "1"]):
             port += 1
             results = weftrun_on_hosts(build, set_no, 2, 2, port, program, env)
@@ -266,7 +269,7 @@ def case_ucx(build, set_no):
                     "hosts x 2 ranks")
             check(all(rc == 0 for rc, _ in results), f"{what} failed:\n{text}")
             if program[0] == conformance:
-                check_conformance_ran(text, 5, what)
+                check_conformance_ran(text, CONFORMANCE_CASES, what)
             else:
                 checked = text.count("Out of bounds values")
                 check(checked >= 10 and text.count("Out of bounds values : 0 OK") == checked,
@@ -283,13 +286,13 @@ def case_torchrun(build, set_no):
     for h, envs in enumerate(layout_env([1, 2, 3], master, 29612)):
         for e in envs:
             e["WEFT_TEST_LAUNCHER"] = "env"
-        spec = {"cmd": [conformance, "[all_reduce],[all_gather],[broadcast]"],
+        spec = {"cmd": [conformance, "[conformance]"],
                 "ranks": [{"env": e} for e in envs]}
         procs.append(start_host(set_no, h + 1, spec))
     results = finish(procs)
     text = all_output(results)
     check(all(rc == 0 for rc, _ in results), f"3 hosts x {{1, 2, 3}} ranks failed:\n{text}")
-    check_conformance_ran(text, 3, "3 hosts x {1, 2, 3} ranks")
+    check_conformance_ran(text, CONFORMANCE_CASES, "3 hosts x {1, 2, 3} ranks")
     print("ok: conformance on 3 hosts x {1, 2, 3} ranks from torchrun's variables")
 
 
@@ -433,10 +436,10 @@ def case_mpirun(build, set_no):
     # Catch2 colours its summary on a terminal, and mpirun relays output through a pty.
     rc, text = mpirun(set_no, layout,
                       [conformance, "--use-colour", "no",
-                       "[all_reduce],[all_gather],[reduce_scatter],[broadcast],[p2p]"],
+                       "[conformance]"],
                       mpirun_env(set_no, 29619, {"WEFT_TEST_LAUNCHER": "env"}))
     check(rc == 0, f"conformance under mpirun on 2 hosts x 2 ranks exited {rc}:\n{text}")
-    check_conformance_ran(text, 5, "mpirun, 2 hosts x 2 ranks")
+    check_conformance_ran(text, CONFORMANCE_CASES, "mpirun, 2 hosts x 2 ranks")
     check(text.count("All tests passed") == 4, f"not every one of 4 ranks passed:\n{text}")
     print("ok: conformance on 2 hosts x 2 ranks under mpirun --host")
 
@@ -475,10 +478,10 @@ def case_mpirun_uneven(build, set_no):
     conformance = os.path.join(build, "tests", "conformance", "conformance_test")
     layout = [1, 2, 3]
     rc, text = mpirun(set_no, layout,
-                      [conformance, "--use-colour", "no", "[all_reduce],[all_gather],[broadcast]"],
+                      [conformance, "--use-colour", "no", "[conformance]"],
                       mpirun_env(set_no, 29621, {"WEFT_TEST_LAUNCHER": "env", "WEFT_LOG": "info"}))
     check(rc == 0, f"conformance under mpirun on 3 hosts x {{1, 2, 3}} ranks exited {rc}:\n{text}")
-    check_conformance_ran(text, 3, "mpirun, 3 hosts x {1, 2, 3} ranks")
+    check_conformance_ran(text, CONFORMANCE_CASES, "mpirun, 3 hosts x {1, 2, 3} ranks")
     check(text.count("All tests passed") == 6, f"not every one of 6 ranks passed:\n{text}")
     check_routes(text, layout, "world", "mpirun, 3 hosts x {1, 2, 3} ranks")
     print("ok: conformance on 3 hosts x {1, 2, 3} ranks under mpirun --host")
