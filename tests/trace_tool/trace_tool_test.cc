@@ -19,6 +19,7 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include "weft/error.h"
 #include "weft/tcp_store.h"
 #include "weft/tcp_store_server.h"
 
@@ -463,20 +464,26 @@ TEST_CASE(
     std::string world_size = "3", job = "storejob";
     store->set("weft/trace/world_size", weft::Bytes(world_size.begin(), world_size.end()));
     store->set("weft/trace/job", weft::Bytes(job.begin(), job.end()));
-    int64_t seen = 0;
+    // As the ranks' trace threads do, but blocking in the store until the next request is
+    // posted (in slices, to notice the end of the test) rather than polling.
+    int64_t next = 1;
     while (!stop) {
-      int64_t n = store->add("weft/trace/requests", 0);
-      for (int64_t m = seen + 1; m <= n; ++m) {
-        weft::Bytes request = store->get(fmt::format("weft/trace/request/{}", m));
-        if (std::string(request.begin(), request.end()).rfind("store ", 0) != 0) continue;
+      const std::string key = fmt::format("weft/trace/request/{}", next);
+      try {
+        store->wait({key}, std::chrono::milliseconds(200));
+      } catch (const weft::Error& e) {
+        if (e.code() == weft::ErrorCode::Timeout) continue;
+        throw;
+      }
+      weft::Bytes request = store->get(key);
+      if (std::string(request.begin(), request.end()).rfind("store ", 0) == 0) {
         for (int rank = 0; rank < 2; ++rank) {
-          store->set(fmt::format("weft/trace/reply/{}/{}", m, rank),
+          store->set(fmt::format("weft/trace/reply/{}/{}", next, rank),
                      weft::Bytes(dumps[rank].begin(), dumps[rank].end()));
         }
         ++answered;
       }
-      seen = n;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      ++next;
     }
   });
 
