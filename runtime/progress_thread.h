@@ -1,6 +1,7 @@
 // runtime/progress_thread.h: the one thread per backend that runs its collectives in issue order.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -15,6 +16,21 @@
 #include "weft/work.h"
 
 namespace weft {
+
+// How long past a request's deadline a transport may keep the caller's buffer while it takes the
+// request back from a silent peer (the shared-memory transport waits this long for a stopped
+// peer to acknowledge a single-copy send it may still read).
+inline constexpr std::chrono::seconds kWithdrawBound{2};
+
+// How long a Work's default wait() waits past its collective's own deadline (the group's
+// `timeout`, counted from its start) before giving up with a generic Timeout: long enough for the
+// collective's own error, which names the peer not heard from, to come first, including a
+// withdrawal from a silent peer (kWithdrawBound) and what the backend asks the store on the way
+// out. The trace watchdog allows the same before it calls an operation overdue.
+inline std::chrono::nanoseconds wait_margin(std::chrono::nanoseconds timeout) {
+  return std::max<std::chrono::nanoseconds>(std::chrono::seconds(1), timeout / 10) +
+         kWithdrawBound;
+}
 
 // A ProgressThread runs submitted tasks one at a time, in submission (issue) order, on a thread
 // of its own, and completes each task's Work: a task that returns succeeds it, a task that throws

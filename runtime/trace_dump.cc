@@ -18,6 +18,7 @@
 
 #include "runtime/launch_env.h"
 #include "runtime/log.h"
+#include "runtime/progress_thread.h"
 
 namespace weft::trace {
 namespace {
@@ -372,9 +373,7 @@ void TraceWorld::watchdog() {
   }
   for (const auto& recorder : recorders) {
     // What a collective's own deadline and a Work's default wait allow, and one poll more.
-    const auto grace =
-        std::max<std::chrono::nanoseconds>(std::chrono::seconds(1), recorder->info().timeout / 10) +
-        config().trace_poll;
+    const auto grace = wait_margin(recorder->info().timeout) + config().trace_poll;
     if (std::optional<std::string> overdue = recorder->overdue(grace)) {
       WEFT_LOG_ERROR("watchdog: {}", *overdue);
       dump("watchdog: " + *overdue);

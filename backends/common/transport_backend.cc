@@ -71,13 +71,11 @@ TransportBackend::TransportBackend(std::string name, const BackendOptions& optio
   collectives::choose(collectives::Op::AllReduce, 0, options_.size, plan_.slowest_link, plan_.algo);
   // Caller runs: every collective honours its deadline (the group's timeout), so a caller waiting
   // for one may run it on its own thread, saving two thread wake-ups per small collective.
-  // A Work's default wait() gives the collective's own deadline (the group timeout, counted from
-  // its start) a margin to fire first: its Timeout names the rank not heard from; wait()'s
-  // generic one cannot. The margin covers a transport taking its requests back from a silent
-  // peer (kWithdrawBound) and what guarded() asks the store before the error leaves.
+  // A Work's default wait() gives the collective's own deadline a margin to fire first
+  // (runtime/progress_thread.h, wait_margin): its Timeout names the rank not heard from; wait()'s
+  // generic one cannot.
   const auto margin =
-      std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout / 10) +
-      kWithdrawBound;
+      std::chrono::duration_cast<std::chrono::milliseconds>(wait_margin(options_.timeout));
   thread_ = std::make_unique<ProgressThread>("weft-" + options_.group_name, options_.timeout,
                                              options_.timeout + margin, /*caller_runs=*/true);
   thread_->set_abort_hook([this] {

@@ -19,13 +19,6 @@ std::chrono::nanoseconds spin_budget_for(
 // enough to hand the core to each rank sharing it once or twice; measured in docs/benchmarks.md.
 inline constexpr int kOversubscribedYieldRounds = 8;
 
-// How long past a request's deadline a transport may keep the caller's buffer while it takes the
-// request back from a silent peer (the shared-memory transport waits this long for a stopped
-// peer to acknowledge a single-copy send it may still read). TransportBackend gives a Work's
-// wait() at least this margin past the collective's deadline, so that the collective's own
-// Timeout, which names the peer, reaches the caller first.
-inline constexpr std::chrono::seconds kWithdrawBound{2};
-
 // "rank 3 <singular>" or "ranks 1, 3 <plural>": what set-up errors say of the ranks missing.
 std::string ranks_that(const std::vector<int>& ranks, std::string_view singular,
                        std::string_view plural);

@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 
-#include "backends/common/transport_util.h"
 #include "backends/tcp/shm_peer.h"
 #include "backends/tcp/shm_transport.h"
+#include "runtime/progress_thread.h"
 
 namespace weft::tcp {
 
@@ -18,7 +18,7 @@ using collectives::Clock;
 
 namespace {
 // How long withdrawing a single-copy send waits for the peer to have read it.
-constexpr std::chrono::seconds kWithdrawWait = backends::kWithdrawBound;
+constexpr std::chrono::seconds kWithdrawWait = kWithdrawBound;  // runtime/progress_thread.h
 }  // namespace
 
 void ShmTransport::check_peers(bool now_please) {

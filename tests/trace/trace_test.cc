@@ -424,12 +424,15 @@ TEST_CASE("after a collective's Timeout on a stopped peer, the error and the tea
     const auto to_destroy = std::chrono::steady_clock::now() - *failed_at;
     RANK_CHECK(to_destroy < seconds(1), "destroy took {} ms after the failure",
                std::chrono::duration_cast<milliseconds>(to_destroy).count());
+    // Rank 0 hosts the store, so it leaves last: only once rank 2 has seen it done.
     if (rank == 0) {
       const pid_t stopped = std::stoi(side.get_string("test/pid1"));
       kill(stopped, SIGKILL);
       side.set("test/done0", "1");
+      side.wait({"test/done2"}, seconds(20));
     } else {
-      side.wait({"test/done0"}, seconds(20));  // rank 0 hosts the store: it goes last
+      side.wait({"test/done0"}, seconds(20));
+      side.set("test/done2", "1");
     }
   });
   INFO(test::describe_failures(results));
