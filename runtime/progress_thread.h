@@ -28,8 +28,7 @@ inline constexpr std::chrono::seconds kWithdrawBound{2};
 // withdrawal from a silent peer (kWithdrawBound) and what the backend asks the store on the way
 // out. The trace watchdog allows the same before it calls an operation overdue.
 inline std::chrono::nanoseconds wait_margin(std::chrono::nanoseconds timeout) {
-  return std::max<std::chrono::nanoseconds>(std::chrono::seconds(1), timeout / 10) +
-         kWithdrawBound;
+  return std::max<std::chrono::nanoseconds>(std::chrono::seconds(1), timeout / 10) + kWithdrawBound;
 }
 
 // A ProgressThread runs submitted tasks one at a time, in submission (issue) order, on a thread
