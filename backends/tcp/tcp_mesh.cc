@@ -443,6 +443,9 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
       s = net::connect_with_retry(record.host, record.port, deadline, what, kRefusedGrace);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::Io || mentions_fd_limit(e.what())) throw;
+      // A peer that published its address and then gave up (out of descriptors, say) refuses
+      // like a wrong address: its own reason, when it left one, is the better error.
+      throw_if_a_rank_failed(store, options, what);
       throw Error(ErrorCode::Io, fmt::format("{}: the address rank {} published does not reach it "
                                              "from here (or it has exited); {}",
                                              e.what(), peer, advice));
