@@ -60,6 +60,20 @@ void on_every_layout(const std::vector<std::vector<int>>& layouts, Body body) {
   }
 }
 
+// Checks `count` elements of `output` against the reference reduction of elements first.. over
+// `size` ranks; records the first mismatch.
+void expect_reduced(Failures& f, int rank, std::string_view what, DType dtype, ReduceOp op,
+                    int size, const std::vector<std::byte>& output, size_t count, size_t first) {
+  for (size_t k = 0; k < count; ++k) {
+    std::string shown;
+    if (!matches(dtype, op, output.data() + k * dtype_size(dtype),
+                 reference(dtype, op, size, first + k), &shown)) {
+      f.add(fmt::format("rank {} {} element {}: {}", rank, what, k, shown));
+      return;
+    }
+  }
+}
+
 TEST_CASE("hierarchical all_reduce equals the reference on every layout, in and out of place",
           "[collectives][hierarchical]") {
   on_every_layout(kUniformLayouts, [&](Transport& transport, int rank, Failures& f,
@@ -81,15 +95,8 @@ TEST_CASE("hierarchical all_reduce equals the reference on every layout, in and 
             f.add(fmt::format("rank {} {}: input changed", rank,
                               describe_case("all_reduce", dtype, op, count)));
           }
-          for (size_t i = 0; i < count; ++i) {
-            std::string shown;
-            if (!matches(dtype, op, output.data() + i * dtype_size(dtype),
-                         reference(dtype, op, size, i), &shown)) {
-              f.add(fmt::format("rank {} {} element {}: {}", rank,
-                                describe_case("all_reduce", dtype, op, count), i, shown));
-              break;
-            }
-          }
+          expect_reduced(f, rank, describe_case("all_reduce", dtype, op, count), dtype, op, size,
+                         output, count, 0);
         }
       }
     }
@@ -124,16 +131,10 @@ TEST_CASE("hierarchical reduce_scatter gives each rank its block, equal and unev
             f.add(fmt::format("rank {} {}: input changed", rank,
                               describe_case("reduce_scatter", dtype, op, total)));
           }
-          for (size_t k = 0; k < counts[rank]; ++k) {
-            std::string shown;
-            if (!matches(dtype, op, output.data() + k * dtype_size(dtype),
-                         reference(dtype, op, size, first + k), &shown)) {
-              f.add(fmt::format("rank {} {} variant {} element {}: {}", rank,
-                                describe_case("reduce_scatter", dtype, op, total), variant, k,
-                                shown));
-              break;
-            }
-          }
+          expect_reduced(f, rank,
+                         fmt::format("{} variant {}",
+                                     describe_case("reduce_scatter", dtype, op, total), variant),
+                         dtype, op, size, output, counts[rank], first);
         }
       }
     }
