@@ -32,14 +32,26 @@ namespace {
 
 enum Kind : int { kSend = 0, kRecv = 1, kRecvReduce = 2 };
 
-constexpr int kRankShift = 47;
+// The UCP tag: bit 63 the kind, bits 62..61 the class, bits 60..45 the sender, 44..0 the message.
+constexpr int kRankShift = 45;
+constexpr int kClassShift = 61;
 constexpr uint64_t kLowMask = (uint64_t{1} << kRankShift) - 1;
-constexpr uint64_t kRankMask = (uint64_t{1} << (63 - kRankShift)) - 1;  // the sender's bits
-constexpr int kStepBitsKept = 18;  // four phases of kStepsPerPhase steps
-constexpr int kSeqBitsKept = 28;
-// The hang-up message's tag: all ones, whose rank field (65535) is no sender's.
+constexpr uint64_t kRankMask = (uint64_t{1} << 16) - 1;  // the sender's bits
+constexpr int kStepBitsKept = 18;                        // four phases of kStepsPerPhase steps
+constexpr int kSeqBitsKept = 26;
+// Message classes: a message sent whole, the header of one sent in pieces, and its pieces.
+constexpr uint64_t kWholeClass = 0;
+constexpr uint64_t kHeaderClass = 1;
+constexpr uint64_t kPieceClass = 2;
+// The hang-up message's tag: all ones, whose class (3) is no data message's.
 constexpr uint64_t kHangupTag = ~uint64_t{0};
 constexpr size_t kHangupBytes = 512;
+// Messages of at least kPiecedFrom bytes travel as a header and pieces of piece_bytes() each:
+// a receive-and-reduce combines each piece as it lands, while the next ones are in transfer.
+constexpr size_t kPiecedFrom = size_t{512} << 10;
+constexpr size_t kMinPiece = size_t{256} << 10;
+constexpr size_t kMaxPieces = 16;
+constexpr uint64_t kHeaderMagic = 0x7765667470696563;  // "weftpiec"
 // The longest one sleep lasts before the worker is progressed again (UCX's keepalive runs in
 // progress).
 constexpr std::chrono::milliseconds kSleepSlice{100};
@@ -50,6 +62,7 @@ constexpr std::chrono::milliseconds kHangupBound{200};
 constexpr std::chrono::milliseconds kHangupGrace{1000};
 
 static_assert(kStepBitsKept + 1 + kSeqBitsKept == kRankShift);
+static_assert(kRankShift + 16 == kClassShift);
 static_assert(uint64_t{collectives::kStepsPerPhase} * 4 == uint64_t{1} << kStepBitsKept);
 
 std::string status_text(ucs_status_t status) {
@@ -113,6 +126,16 @@ uint64_t ucp_tag_of(Tag tag, int sender) {
   return (kind << 63) | (static_cast<uint64_t>(sender) << kRankShift) | low;
 }
 
+// One UCX request of an Op: its whole message, or its header or one of its pieces.
+struct UcxTransport::Piece {
+  UcxTransport::Op* op = nullptr;
+  size_t offset = 0;  // into the op's data; the header's is unused
+  size_t bytes = 0;
+  bool header = false;
+  void* request = nullptr;  // UCX's, while it holds the buffer
+  bool done = false;        // its callback ran
+};
+
 struct UcxTransport::Op {
   UcxTransport* transport = nullptr;
   uint64_t id = 0;
@@ -120,10 +143,18 @@ struct UcxTransport::Op {
   int kind = kSend;
   Tag tag = 0;
   size_t bytes = 0;
-  void* request = nullptr;  // UCX's, while it holds the buffers
-  bool ucx_done = true;     // UCX has let go of the buffers
-  bool finished = false;    // the result is known
-  bool reported = false;    // wait() returned or threw
+  uint8_t* data = nullptr;  // what is sent, or where a receive lands (recv_reduce: staging)
+  // Whole: pieces[0] is the message. Pieced: pieces[0] the header, then the pieces. Never
+  // resized once a request is posted (UCX's callbacks hold pointers into it).
+  std::vector<Piece> pieces;
+  bool pieced = false;
+  bool posting = false;         // send(): its requests are being posted
+  uint64_t header[2] = {0, 0};  // {kHeaderMagic, bytes}: sent, or landed
+  int outstanding = 0;          // UCX requests not let go of yet
+  size_t landed = 0;            // pieces (not the header) received
+  bool ucx_done() const { return outstanding == 0; }
+  bool finished = false;  // the result is known
+  bool reported = false;  // wait() returned or threw
   // Why it failed, in the words of the failure; finish() puts this rank's context in front.
   std::optional<std::pair<ErrorCode, std::string>> error;
   int* source = nullptr;  // recv_any: where the sender's rank goes
@@ -133,6 +164,12 @@ struct UcxTransport::Op {
   DType dtype = DType::Float32;
   ReduceOp reduce_op;
   Staging staging;
+
+  void fail(ErrorCode code, std::string why) {
+    if (finished) return;
+    finished = true;
+    error.emplace(code, std::move(why));
+  }
 };
 
 struct UcxTransport::Hangup {
@@ -142,13 +179,46 @@ struct UcxTransport::Hangup {
   size_t length = 0;
 };
 
+using Piece = UcxTransport::Piece;
+
 namespace {
 
-void release(UcxTransport::Op& op, void* request) {
-  op.ucx_done = true;
-  op.request = nullptr;
+// The UCP tag of a message of class `cls` (kWholeClass, ...).
+uint64_t tag_in_class(uint64_t ucp_tag, uint64_t cls) {
+  return (ucp_tag & ~(uint64_t{3} << kClassShift)) | (cls << kClassShift);
+}
+
+// The size of each piece of a message of `bytes` bytes sent in pieces (the last one may be
+// shorter): at least kMinPiece, at most kMaxPieces pieces, a multiple of 4 KiB (so of every
+// element size). Both sides compute it from the size alone.
+size_t piece_bytes(size_t bytes) {
+  const size_t per = (bytes + kMaxPieces - 1) / kMaxPieces;
+  return std::max(kMinPiece, (per + 4095) / 4096 * 4096);
+}
+
+// Lays out an op's requests: one whole message, or a header and pieces.
+void lay_out(UcxTransport::Op& op) {
+  op.pieced = op.bytes >= kPiecedFrom;
+  if (!op.pieced) {
+    op.pieces.assign(1, Piece{&op, 0, op.bytes, false, nullptr, false});
+    return;
+  }
+  const size_t each = piece_bytes(op.bytes);
+  op.pieces.reserve(1 + (op.bytes + each - 1) / each);
+  op.pieces.push_back(Piece{&op, 0, sizeof(op.header), true, nullptr, false});
+  for (size_t offset = 0; offset < op.bytes; offset += each) {
+    op.pieces.push_back(
+        Piece{&op, offset, std::min(each, op.bytes - offset), false, nullptr, false});
+  }
+}
+
+// UCX is done with one request of `piece`'s op.
+void release(Piece& piece, void* request) {
+  UcxTransport::Op& op = *piece.op;
+  piece.done = true;
+  piece.request = nullptr;
   ucp_request_free(request);
-  if (op.reported) op.transport->note_released(op.id);
+  if (--op.outstanding == 0 && op.reported) op.transport->note_released(op.id);
 }
 
 }  // namespace
@@ -158,47 +228,67 @@ void release(UcxTransport::Op& op, void* request) {
 extern "C" {
 
 static void weft_ucx_send_done(void* request, ucs_status_t status, void* user_data) {
-  auto& op = *static_cast<UcxTransport::Op*>(user_data);
-  if (!op.finished) {
-    op.finished = true;
-    if (status != UCS_OK) {
-      op.error.emplace(ErrorCode::PeerLost,
-                       fmt::format("ucx send to rank {} ({}, {} bytes) failed: {}", op.peer,
-                                   tag_text(op.tag), op.bytes, status_text(status)));
-    }
+  auto& piece = *static_cast<Piece*>(user_data);
+  UcxTransport::Op& op = *piece.op;
+  if (status != UCS_OK) {
+    op.fail(ErrorCode::PeerLost,
+            fmt::format("ucx send to rank {} ({}, {} bytes) failed: {}", op.peer, tag_text(op.tag),
+                        op.bytes, status_text(status)));
   }
-  release(op, request);
+  release(piece, request);
+  if (op.outstanding == 0 && !op.posting) op.finished = true;
 }
 
 static void weft_ucx_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                                void* user_data) {
-  auto& op = *static_cast<UcxTransport::Op*>(user_data);
+  auto& piece = *static_cast<Piece*>(user_data);
+  UcxTransport::Op& op = *piece.op;
   if (!op.finished) {
-    op.finished = true;
     if (op.peer == collectives::kAnySource &&
         (status == UCS_OK || status == UCS_ERR_MESSAGE_TRUNCATED)) {
       op.peer = static_cast<int>((info->sender_tag >> kRankShift) & kRankMask);
       if (op.source != nullptr) *op.source = op.peer;
     }
-    if (status == UCS_OK && info->length != op.bytes) {
-      op.error.emplace(ErrorCode::Protocol,
-                       fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
-                                   op.peer, info->length, tag_text(op.tag), op.bytes));
+    if (status == UCS_OK && piece.header) {
+      if (info->length != sizeof(op.header) || op.header[0] != kHeaderMagic) {
+        op.fail(ErrorCode::Protocol,
+                fmt::format("rank {} sent a malformed piece header ({} bytes) with {}", op.peer,
+                            info->length, tag_text(op.tag)));
+      } else if (op.header[1] != op.bytes) {
+        op.fail(ErrorCode::Protocol,
+                fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes", op.peer,
+                            op.header[1], tag_text(op.tag), op.bytes));
+      } else {
+        op.transport->note_header(op.id);  // its pieces are posted after this progress round
+      }
+    } else if (status == UCS_OK && info->length != piece.bytes) {
+      op.fail(ErrorCode::Protocol,
+              op.pieced
+                  ? fmt::format("rank {} sent a piece of {} bytes at offset {} with {}, "
+                                "where this rank expects {} bytes",
+                                op.peer, info->length, piece.offset, tag_text(op.tag), piece.bytes)
+                  : fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes",
+                                op.peer, info->length, tag_text(op.tag), op.bytes));
     } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
-      op.error.emplace(ErrorCode::Protocol,
-                       fmt::format("rank {} sent more than the {} bytes this rank expects with "
-                                   "{}: {}",
-                                   op.peer, op.bytes, tag_text(op.tag), status_text(status)));
+      op.fail(
+          ErrorCode::Protocol,
+          fmt::format("rank {} sent more than the {} bytes this rank expects with {}: {}", op.peer,
+                      op.pieced ? piece.bytes : op.bytes, tag_text(op.tag), status_text(status)));
     } else if (status != UCS_OK) {
-      op.error.emplace(ErrorCode::PeerLost,
-                       fmt::format("ucx receive from rank {} ({}, {} bytes) failed: {}", op.peer,
-                                   tag_text(op.tag), op.bytes, status_text(status)));
-    } else if (op.kind == kRecvReduce) {
-      // The message has landed whole in the staging buffer: combine it into the destination.
-      reduce::accumulate(op.dst, op.staging.data.get(), op.count, op.dtype, op.reduce_op);
+      op.fail(ErrorCode::PeerLost,
+              fmt::format("ucx receive from rank {} ({}, {} bytes) failed: {}", op.peer,
+                          tag_text(op.tag), op.bytes, status_text(status)));
+    } else {
+      // A piece, or the whole message, has landed.
+      if (op.kind == kRecvReduce) {
+        const size_t element = dtype_size(op.dtype);
+        reduce::accumulate(static_cast<uint8_t*>(op.dst) + piece.offset, op.data + piece.offset,
+                           piece.bytes / element, op.dtype, op.reduce_op);
+      }
+      if (++op.landed == op.pieces.size() - (op.pieced ? 1 : 0)) op.finished = true;
     }
   }
-  release(op, request);
+  release(piece, request);
 }
 
 static void weft_ucx_hangup_landed(void* request, ucs_status_t status,
@@ -375,7 +465,7 @@ UcxTransport::~UcxTransport() {
     // Cancel what is still posted (nothing, after a clean run), then close the endpoints,
     // flushing what is in flight, bounded.
     for (auto& [id, op] : ops_) {
-      if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+      cancel_receives(*op);
     }
     if (hangup_ && hangup_->request != nullptr) ucp_request_cancel(worker_, hangup_->request);
     for (size_t r = 0; r < endpoints_.size(); ++r) {
@@ -384,12 +474,16 @@ UcxTransport::~UcxTransport() {
     progress_until(
         [&] {
           return std::all_of(ops_.begin(), ops_.end(),
-                             [](const auto& entry) { return entry.second->ucx_done; });
+                             [](const auto& entry) { return entry.second->ucx_done(); });
         },
         kLetGoBound);
     ucp_worker_destroy(worker_);
   }
-  if (context_ != nullptr) ucp_cleanup(context_);
+  if (context_ != nullptr) {
+    for (Staging& staging : staging_free_) unmap(staging);
+    for (auto& [id, op] : ops_) unmap(op->staging);
+    ucp_cleanup(context_);
+  }
   if (abort_fd_ >= 0) ::close(abort_fd_);
 }
 
@@ -406,7 +500,7 @@ Error UcxTransport::error(ErrorCode code, const char* op, const std::string& det
 
 UcxTransport::Staging UcxTransport::take_staging(size_t bytes) {
   // The smallest free buffer that fits; else a new one, touched now so that no receive pays for
-  // its page faults.
+  // its page faults, and registered with UCX once for all the receives that will use it.
   auto best = staging_free_.end();
   for (auto it = staging_free_.begin(); it != staging_free_.end(); ++it) {
     if (it->capacity >= bytes && (best == staging_free_.end() || it->capacity < best->capacity)) {
@@ -421,7 +515,24 @@ UcxTransport::Staging UcxTransport::take_staging(size_t bytes) {
   Staging staging;
   staging.capacity = std::bit_ceil(std::max<size_t>(bytes, 64));
   staging.data = std::make_unique<uint8_t[]>(staging.capacity);  // value-initialised: touched
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.address = staging.data.get();
+  params.length = staging.capacity;
+  ucp_mem_h memh = nullptr;
+  if (ucs_status_t status = ucp_mem_map(context_, &params, &memh); status == UCS_OK) {
+    staging.memh = memh;
+  } else {
+    // Still correct: UCX registers the buffer itself, through its registration cache.
+    WEFT_LOG_DEBUG("rank {}/{} group \"{}\" ucx: cannot register a {}-byte staging buffer: {}",
+                   rank_, size_, options_.group_name, staging.capacity, status_text(status));
+  }
   return staging;
+}
+
+void UcxTransport::unmap(Staging& staging) {
+  if (staging.memh != nullptr) ucp_mem_unmap(context_, staging.memh);
+  staging.memh = nullptr;
 }
 
 UcxTransport::Op& UcxTransport::post(int peer, int kind, Tag tag, size_t bytes) {
@@ -457,60 +568,101 @@ UcxTransport::Op& UcxTransport::post(int peer, int kind, Tag tag, size_t bytes) 
   return op;
 }
 
+void UcxTransport::post_piece(Op& op, Piece& piece, uint64_t ucp_tag, uint64_t tag_mask) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.user_data = &piece;
+  void* buffer = piece.header ? static_cast<void*>(op.header) : op.data + piece.offset;
+  if (!piece.header && op.staging.memh != nullptr) {
+    // The pool's buffers are registered once, when they are made (take_staging).
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    param.memh = op.staging.memh;
+  }
+  ++op.outstanding;
+  piece.done = false;
+  void* request;
+  if (op.kind == kSend) {
+    param.cb.send = weft_ucx_send_done;
+    request = ucp_tag_send_nbx(endpoints_[op.peer], buffer, piece.bytes, ucp_tag, &param);
+    if (request == nullptr) {  // complete already: no callback comes
+      --op.outstanding;
+      piece.done = true;
+      return;
+    }
+  } else {
+    // Never complete in place: the callback says what landed (it may run before this returns).
+    param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    param.cb.recv = weft_ucx_recv_done;
+    request = ucp_tag_recv_nbx(worker_, buffer, piece.bytes, ucp_tag, tag_mask, &param);
+  }
+  if (UCS_PTR_IS_ERR(request)) {
+    --op.outstanding;
+    piece.done = true;
+    const std::string who =
+        op.peer == collectives::kAnySource
+            ? std::string("receive from any rank")
+            : fmt::format("{} rank {}", op.kind == kSend ? "send to" : "receive from", op.peer);
+    op.fail(op.kind == kSend ? ErrorCode::PeerLost : ErrorCode::Io,
+            fmt::format("{} ({}, {} bytes): {}", who, tag_text(op.tag), op.bytes,
+                        status_text(UCS_PTR_STATUS(request))));
+    return;
+  }
+  if (!piece.done) piece.request = request;
+}
+
+void UcxTransport::cancel_receives(Op& op) {
+  if (op.kind == kSend) return;  // a send ends with its endpoint
+  for (Piece& piece : op.pieces) {
+    if (piece.request != nullptr) ucp_request_cancel(worker_, piece.request);
+  }
+}
+
 Request UcxTransport::send(int peer, const void* data, size_t bytes, Tag tag) {
   std::lock_guard<std::mutex> lock(mutex_);
   Op& op = post(peer, kSend, tag, bytes);
   if (op.finished) return Request{op.id};
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = weft_ucx_send_done;
-  param.user_data = &op;
-  op.ucx_done = false;
-  void* request = ucp_tag_send_nbx(endpoints_[peer], data, bytes, ucp_tag_of(tag, rank_), &param);
-  if (request == nullptr) {
-    op.ucx_done = true;
-    op.finished = true;
-  } else if (UCS_PTR_IS_ERR(request)) {
-    op.ucx_done = true;
-    op.finished = true;
-    op.error.emplace(ErrorCode::PeerLost,
-                     fmt::format("send to rank {} ({}, {} bytes): {}", peer, tag_text(tag), bytes,
-                                 status_text(UCS_PTR_STATUS(request))));
-  } else {
-    op.request = request;
+  op.data = static_cast<uint8_t*>(const_cast<void*>(data));  // only read
+  op.header[0] = kHeaderMagic;
+  op.header[1] = bytes;
+  lay_out(op);
+  const uint64_t base = ucp_tag_of(tag, rank_);
+  // A whole message; or its header, then its pieces, all at once.
+  op.posting = true;
+  for (Piece& piece : op.pieces) {
+    if (op.finished) break;
+    const uint64_t cls = !op.pieced ? kWholeClass : piece.header ? kHeaderClass : kPieceClass;
+    post_piece(op, piece, tag_in_class(base, cls), ~uint64_t{0});
   }
+  op.posting = false;
+  if (op.outstanding == 0) op.finished = true;
   return Request{op.id};
 }
 
-namespace {
-
-void* post_ucx_recv(ucp_worker_h worker, void* data, size_t bytes, uint64_t tag,
-                    UcxTransport::Op& op) {
-  ucp_request_param_t param{};
-  param.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  param.cb.recv = weft_ucx_recv_done;
-  param.user_data = &op;
-  return ucp_tag_recv_nbx(worker, data, bytes, tag, ~uint64_t{0}, &param);
+void UcxTransport::start_receive(Op& op, uint64_t ucp_tag, uint64_t tag_mask) {
+  // A whole message, or the header of one in pieces: its pieces are posted when it has landed
+  // (post_pieces), in the order the headers land, which is the order their messages were sent;
+  // a receive from any source learns its sender from the header.
+  lay_out(op);
+  post_piece(op, op.pieces[0], tag_in_class(ucp_tag, op.pieced ? kHeaderClass : kWholeClass),
+             tag_mask);
 }
 
-}  // namespace
+void UcxTransport::post_pieces(uint64_t id) {
+  auto it = ops_.find(id);
+  if (it == ops_.end() || it->second->finished) return;
+  Op& op = *it->second;
+  const uint64_t tag = tag_in_class(ucp_tag_of(op.tag, op.peer), kPieceClass);
+  for (size_t i = 1; i < op.pieces.size() && !op.finished; ++i) {
+    post_piece(op, op.pieces[i], tag, ~uint64_t{0});
+  }
+}
 
 Request UcxTransport::recv(int peer, void* data, size_t bytes, Tag tag) {
   std::lock_guard<std::mutex> lock(mutex_);
   Op& op = post(peer, kRecv, tag, bytes);
   if (op.finished) return Request{op.id};
-  op.ucx_done = false;
-  void* request = post_ucx_recv(worker_, data, bytes, ucp_tag_of(tag, peer), op);
-  if (UCS_PTR_IS_ERR(request)) {
-    op.ucx_done = true;
-    op.finished = true;
-    op.error.emplace(ErrorCode::Io,
-                     fmt::format("receive from rank {} ({}, {} bytes): {}", peer, tag_text(tag),
-                                 bytes, status_text(UCS_PTR_STATUS(request))));
-  } else {
-    op.request = request;
-  }
+  op.data = static_cast<uint8_t*>(data);
+  start_receive(op, ucp_tag_of(tag, peer), ~uint64_t{0});
   return Request{op.id};
 }
 
@@ -519,24 +671,9 @@ Request UcxTransport::recv_any(void* data, size_t bytes, Tag tag, int* source) {
   Op& op = post(collectives::kAnySource, kRecv, tag, bytes);
   if (op.finished) return Request{op.id};
   op.source = source;
-  op.ucx_done = false;
-  ucp_request_param_t param{};
-  param.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  param.cb.recv = weft_ucx_recv_done;
-  param.user_data = &op;
+  op.data = static_cast<uint8_t*>(data);
   // Every sender's bits masked out: the first message with the tag from any rank matches.
-  void* request = ucp_tag_recv_nbx(worker_, data, bytes, ucp_tag_of(tag, 0),
-                                   ~(kRankMask << kRankShift), &param);
-  if (UCS_PTR_IS_ERR(request)) {
-    op.ucx_done = true;
-    op.finished = true;
-    op.error.emplace(ErrorCode::Io,
-                     fmt::format("receive from any rank ({}, {} bytes): {}", tag_text(tag), bytes,
-                                 status_text(UCS_PTR_STATUS(request))));
-  } else {
-    op.request = request;
-  }
+  start_receive(op, ucp_tag_of(tag, 0), ~(kRankMask << kRankShift));
   return Request{op.id};
 }
 
@@ -551,17 +688,8 @@ Request UcxTransport::recv_reduce(int peer, void* dst, size_t count, DType dtype
   op.dtype = dtype;
   op.reduce_op = op_;
   op.staging = take_staging(bytes);
-  op.ucx_done = false;
-  void* request = post_ucx_recv(worker_, op.staging.data.get(), bytes, ucp_tag_of(tag, peer), op);
-  if (UCS_PTR_IS_ERR(request)) {
-    op.ucx_done = true;
-    op.finished = true;
-    op.error.emplace(ErrorCode::Io,
-                     fmt::format("receive from rank {} ({}, {} bytes): {}", peer, tag_text(tag),
-                                 bytes, status_text(UCS_PTR_STATUS(request))));
-  } else {
-    op.request = request;
-  }
+  op.data = op.staging.data.get();
+  start_receive(op, ucp_tag_of(tag, peer), ~uint64_t{0});
   return Request{op.id};
 }
 
@@ -576,10 +704,31 @@ UcxTransport::Op& UcxTransport::pending(Request request, const char* what) {
 }
 
 void UcxTransport::finish(Op& op) {
+  if (!op.ucx_done()) {
+    // It failed with requests still at UCX (a send, or a piece matched before the failure): the
+    // caller's buffer is borrowed until UCX lets go. Unmatched receives are taken back; what is
+    // in transfer ends only with its endpoint, as after a timeout (the group is broken anyway).
+    cancel_receives(op);
+    if (!op.ucx_done() && op.peer != collectives::kAnySource) {
+      lose_peer(op.peer,
+                "was given up on: a request with it failed while in transfer, and its "
+                "endpoint was closed");
+    }
+    // A send's buffer is only read, and with its endpoint closed nothing sends from it: only a
+    // receive is waited for (UCX writes into it until it lets go).
+    if (op.kind != kSend) progress_until([&] { return op.ucx_done(); }, kLetGoBound);
+    if (!op.ucx_done() && op.kind != kSend) {
+      WEFT_LOG_WARN(
+          "rank {}/{} group \"{}\" {}: UCX still holds {} request(s) with rank {} {} ms "
+          "after it failed",
+          rank_, size_, options_.group_name, names_[op.kind], op.outstanding, op.peer,
+          kLetGoBound.count());
+    }
+  }
   op.reported = true;
   std::optional<Error> failure;
   if (op.error) failure.emplace(error(op.error->first, names_[op.kind].c_str(), op.error->second));
-  if (op.ucx_done) {
+  if (op.ucx_done()) {
     if (op.staging.data) staging_free_.push_back(std::move(op.staging));
     ops_.erase(op.id);
   }
@@ -591,14 +740,18 @@ void UcxTransport::finish(Op& op) {
 bool UcxTransport::progress() {
   bool any = false;
   while (ucp_worker_progress(worker_) != 0) any = true;
-  if (!lost_news_.empty() || !released_.empty() || (hangup_ && hangup_->landed)) {
+  if (!lost_news_.empty() || !released_.empty() || !headers_.empty() ||
+      (hangup_ && hangup_->landed)) {
     handle_news();
     any = true;
   }
   return any;
 }
 
-void UcxTransport::note_hangup() { hangup_->landed = true; }
+void UcxTransport::note_hangup() {
+  hangup_->landed = true;
+  hangup_->request = nullptr;  // freed by the callback
+}
 
 void UcxTransport::post_hangup_receive() {
   hangup_->landed = false;
@@ -610,7 +763,7 @@ void UcxTransport::post_hangup_receive() {
   param.user_data = this;
   void* request =
       ucp_tag_recv_nbx(worker_, hangup_->buffer, kHangupBytes, kHangupTag, ~uint64_t{0}, &param);
-  if (!UCS_PTR_IS_ERR(request)) hangup_->request = request;
+  if (!UCS_PTR_IS_ERR(request) && !hangup_->landed) hangup_->request = request;
 }
 
 void UcxTransport::handle_news() {
@@ -646,7 +799,11 @@ void UcxTransport::handle_news() {
       }
     }
   }
-  while (!lost_news_.empty()) {
+  while (!lost_news_.empty() || !headers_.empty()) {
+    // Pieces are posted in the order their headers landed (posting one may land more).
+    auto headers = std::move(headers_);
+    headers_.clear();
+    for (uint64_t id : headers) post_pieces(id);
     auto lost = std::move(lost_news_);
     lost_news_.clear();
     for (const auto& [peer, why] : lost) lose_peer(peer, why);
@@ -655,7 +812,7 @@ void UcxTransport::handle_news() {
   released_.clear();
   for (uint64_t id : released) {
     auto it = ops_.find(id);
-    if (it == ops_.end() || !it->second->reported || !it->second->ucx_done) continue;
+    if (it == ops_.end() || !it->second->reported || !it->second->ucx_done()) continue;
     if (it->second->staging.data) staging_free_.push_back(std::move(it->second->staging));
     ops_.erase(it);
   }
@@ -673,7 +830,7 @@ void UcxTransport::lose_peer(int peer, const std::string& why) {
     op->error.emplace(ErrorCode::PeerLost, fmt::format("rank {} {} ({}, {} bytes)", peer, why,
                                                        tag_text(op->tag), op->bytes));
     // A receive stays posted on the worker until cancelled; a send fails with its endpoint.
-    if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+    cancel_receives(*op);
   }
   // A failed endpoint must be closed (UCX's rule); one whose peer hung up holds sends that will
   // never complete: closing it ends them.
@@ -690,7 +847,7 @@ void UcxTransport::abandon_after_hangup() {
                                   "abandoned {} ms later)",
                                   hangup_peer_, hangup_why_, names_[op->kind], op->peer,
                                   tag_text(op->tag), op->bytes, kHangupGrace.count()));
-    if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+    cancel_receives(*op);
   }
 }
 
@@ -780,13 +937,21 @@ void UcxTransport::handle_abort() {
       op->finished = true;
       op->error.emplace(ErrorCode::Aborted, reason);
     }
-    if (op->request != nullptr && op->kind != kSend) ucp_request_cancel(worker_, op->request);
+    cancel_receives(*op);
   }
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) close_endpoint(r, /*force=*/true);
   }
   // The forced closes above ended the hang-ups and flushes still pending.
   progress_until([&] { return hangups->pending == 0; }, kLetGoBound);
+  // The closes also end receives already matched (a rendezvous in progress), which cancelling
+  // cannot: the buffers they hold are free once UCX has let go of them.
+  progress_until(
+      [&] {
+        return std::all_of(ops_.begin(), ops_.end(),
+                           [](const auto& entry) { return entry.second->ucx_done(); });
+      },
+      kLetGoBound);
   if (hangups->pending == 0) delete hangups;  // else left to UCX: a callback may still come
 }
 
@@ -865,17 +1030,17 @@ void UcxTransport::wait(Request request, Clock::time_point deadline) {
                 : fmt::format("nothing complete from rank {} ({}): {} bytes outstanding", op.peer,
                               tag_text(op.tag), op.bytes));
   op.finished = true;
-  if (op.request != nullptr) {
+  if (!op.ucx_done()) {
     if (op.kind == kSend) {
       // UCX cannot take back a send in flight: closing the endpoint (lose_peer) ends it.
       lose_peer(op.peer, "was given up on: a send to it timed out and its endpoint was closed");
     } else {
-      ucp_request_cancel(worker_, op.request);
+      cancel_receives(op);
     }
-    progress_until([&] { return op.ucx_done; }, kLetGoBound);
+    progress_until([&] { return op.ucx_done(); }, kLetGoBound);
   }
   op.reported = true;
-  if (op.ucx_done) {
+  if (op.ucx_done()) {
     if (op.staging.data) staging_free_.push_back(std::move(op.staging));
     ops_.erase(op.id);
   }

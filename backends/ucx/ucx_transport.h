@@ -14,17 +14,23 @@
 // memory is noticed in about a second.
 //
 // Matching. UCP matches a receive by a 64-bit tag alone (any sender), so a weft (peer, Tag) is
-// folded into one UCP tag: bit 63 the kind (collective or send/recv), bits 62..47 the sender's
-// rank, bits 46..0 the message: for a collective, 28 bits of its sequence number, the internal bit
-// and 18 bits of step (every step an algorithm numbers); for a send/recv, the user tag folded to
-// 47 bits (user tags that differ only above bit 46 and are in flight at once would match each
-// other: docs/ucx.md). UCP keeps messages of one sender with one tag in order, which is weft's
-// posting-order rule. Unexpected messages are UCX's to hold (eager data buffered, rendezvous
-// data left at the sender until its receive is posted).
+// folded into one UCP tag: bit 63 the kind (collective or send/recv), bits 62..61 the message
+// class (below), bits 60..45 the sender's rank, bits 44..0 the message: for a collective, 26 bits
+// of its sequence number, the internal bit and 18 bits of step (every step an algorithm numbers);
+// for a send/recv, the user tag folded to 45 bits (user tags that differ only above bit 44 and are
+// in flight at once would match each other: docs/ucx.md). UCP keeps messages of one sender with
+// one tag in order, which is weft's posting-order rule. Unexpected messages are UCX's to hold
+// (eager data buffered, rendezvous data left at the sender until its receive is posted).
 //
-// Receive-and-reduce receives into a staging buffer taken from a pool (allocated and touched once,
-// reused by later receives; UCX's registration cache keeps it registered), and reduces into the
-// destination when the message has landed.
+// Pieces. A message of at least 512 KiB travels as a 16-byte header {magic, bytes} (class 1) and
+// pieces of 256 KiB to 1/16 of the message (class 2; the size follows from the byte count alone);
+// a smaller one travels whole (class 0). A receive posts the header's receive, and its pieces'
+// once the header has landed and its size matched (a mismatch fails it with Error(Protocol) naming
+// both sizes): pieces are posted in the order headers land, so message k's pieces land in
+// receive k whichever receive (from one rank, or from any rank) took its header.
+// Receive-and-reduce receives into a staging buffer taken from a pool (allocated, touched and
+// registered with UCX once, ucp_mem_map, reused by later receives) and combines each piece into
+// the destination as it lands, while the next pieces are in transfer.
 //
 // Failure. Endpoints use UCP_ERR_HANDLING_MODE_PEER: a dead peer (its sockets closed, or its
 // process gone as the keepalive finds) fails its endpoint; every pending and later request with
@@ -66,6 +72,7 @@
 typedef struct ucp_context* ucp_context_h;
 typedef struct ucp_worker* ucp_worker_h;
 typedef struct ucp_ep* ucp_ep_h;
+typedef struct ucp_mem* ucp_mem_h;
 
 namespace weft::ucx {
 
@@ -110,6 +117,7 @@ class UcxTransport final : public collectives::Transport {
   void abort(const std::string& reason) override;
 
   struct Op;  // one request (ucx_transport.cc)
+  struct Piece;
 
  private:
   UcxTransport(int rank, int size, Options options);
@@ -134,6 +142,12 @@ class UcxTransport final : public collectives::Transport {
   // The request has its result: forgets it (once UCX has let go) and throws its error.
   void finish(Op& op);
   void post_hangup_receive();
+  // Posts one request of `op` (a whole message, a header or a piece) with `ucp_tag`.
+  void post_piece(Op& op, Piece& piece, uint64_t ucp_tag, uint64_t tag_mask);
+  // Posts a receive's whole message or header; post_pieces() its pieces once the header landed.
+  void start_receive(Op& op, uint64_t ucp_tag, uint64_t tag_mask);
+  void post_pieces(uint64_t id);
+  void cancel_receives(Op& op);
   void sleep_until(collectives::Clock::time_point until);
 
   const int rank_;
@@ -166,12 +180,15 @@ class UcxTransport final : public collectives::Transport {
   struct Staging {
     size_t capacity = 0;
     std::unique_ptr<uint8_t[]> data;
+    ucp_mem_h memh = nullptr;  // its registration, made once (null: UCX's cache registers it)
   };
   Staging take_staging(size_t bytes);
+  void unmap(Staging& staging);
   std::vector<Staging> staging_free_;
   // What UCX's callbacks noted for handle_news().
   std::vector<std::pair<int, std::string>> lost_news_;
   std::vector<uint64_t> released_;  // requests UCX let go of after their wait() returned
+  std::vector<uint64_t> headers_;   // receives whose piece header landed, in landing order
   // The hang-up receive: a peer's rank and reason land here.
   struct Hangup;
   std::unique_ptr<Hangup> hangup_;
@@ -185,6 +202,7 @@ class UcxTransport final : public collectives::Transport {
   // For UCX's C callbacks (ucx_transport.cc) only.
   void note_lost(int peer, const std::string& why) { lost_news_.emplace_back(peer, why); }
   void note_released(uint64_t id) { released_.push_back(id); }
+  void note_header(uint64_t id) { headers_.push_back(id); }
   void note_hangup();
 };
 
