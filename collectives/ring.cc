@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -51,7 +52,10 @@ class RingPhase {
   }
 
   // Runs P-1 steps: step s sends chunk first_send - s and receives chunk first_send - s - 1.
-  void run(int first_send, bool reduce, ReduceOp op, uint32_t tag_base, const char* phase) {
+  // `after_posting`, when set, runs once the first sends and the first receive are posted: work
+  // that overlaps the transfer (all_gather's copy of this rank's own block).
+  void run(int first_send, bool reduce, ReduceOp op, uint32_t tag_base, const char* phase,
+           const std::function<void()>& after_posting = nullptr) {
     first_send = mod(first_send, size_);
     const int steps = size_ - 1;
     const int right = mod(rank_ + 1, size_);
@@ -80,6 +84,7 @@ class RingPhase {
         }
       };
       if (n > 0) post_recv(0);
+      if (step == 0 && after_posting) after_posting();
       for (size_t segment = 0; segment < n; ++segment) {
         if (segment + 1 < n) post_recv(segment + 1);  // in flight while this one is reduced
         inflight_.wait(recvs[segment], phase, step, steps);
@@ -298,11 +303,19 @@ void ring_all_gather(const Context& ctx, const void* input, void* output,
                 "input overlaps output without being this rank's block of it");
   }
   if (total == 0) return;
-  detail::copy_unless_same(my_block, input, mine);
-  if (size == 1) return;
+  if (size == 1) {
+    detail::copy_unless_same(my_block, input, mine);
+    return;
+  }
   detail::Inflight inflight(ctx, kWhere);
   RingPhase ring(inflight, out, offsets, dtype, segment_bytes, rank, size);
-  ring.run(rank, /*reduce=*/false, ReduceOp::Sum, kAllGatherStep, "");
+  // This rank's block goes out straight from the input, and is copied into the output while the
+  // first transfers are in flight rather than before them.
+  std::vector<const std::byte*> initial(size, nullptr);
+  initial[rank] = static_cast<const std::byte*>(input);
+  ring.initial(std::move(initial));
+  ring.run(rank, /*reduce=*/false, ReduceOp::Sum, kAllGatherStep, "",
+           [&] { detail::copy_unless_same(my_block, input, mine); });
 }
 
 void ring_all_gather(const Context& ctx, const void* input, void* output, size_t count, DType dtype,
