@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 #include <functional>
+#include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -50,7 +52,12 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
     try {
       return memory->find(t.data, t.nbytes());
     } catch (const Error& e) {
-      throw Error(ErrorCode::InvalidArgument, context, e.what());
+      // "symmetric buffer #0 of group "g": InvalidArgument: a tensor ...": the code goes in front.
+      std::string detail = e.what();
+      if (size_t at = detail.find(": InvalidArgument: "); at != std::string::npos) {
+        detail.erase(at, std::string_view(": InvalidArgument").size());
+      }
+      throw Error(ErrorCode::InvalidArgument, context, detail);
     }
   };
   SymmetricMemory::Found out = find(c.outputs[0]);
