@@ -157,9 +157,6 @@ class ShmTransport final : public collectives::Transport {
   // Throws Error(PeerLost) naming a peer found lost, Error(Aborted) after abort(). Moves no
   // ring traffic: the caller runs it when no request is pending.
   bool wait_beside(const std::function<bool()>& ready, collectives::Clock::time_point deadline);
-  // This rank's group name and the group id that names its segments (symmetric buffers reuse
-  // both).
-  const Options& options() const { return options_; }
 
   // Times this rank slept on its doorbell (for tests: proves that waits block).
   uint64_t sleeps() const { return bell_ ? bell_->sleeps() : 0; }
