@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +44,7 @@
 #include "weft/error.h"
 #include "weft/half.h"
 #include "weft/process_group.h"
+#include "weft/symmetric_buffer.h"
 
 #ifndef WEFT_VERSION
 #define WEFT_VERSION "unknown"
@@ -79,6 +81,7 @@ struct Options {
   std::string json_path;
   std::string csv_path;
   std::string backend;
+  int symmetric = 0;               // -R 1: send and receive buffers in one symmetric buffer
   bool corrupt = false;            // test hook: flip one element before checking
   std::vector<std::string> notes;  // "# ..." lines rank 0 prints first (flags accepted, ignored)
   std::vector<std::string> args;
@@ -134,9 +137,11 @@ std::string usage_text(const std::string& name) {
       "usage: {} {}[-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
       "       [-m AGG] [-d TYPE|all] [-o OP|all] [-r ROOT|all] [-c CHECKS] [-z 0..3] [-a 0..3]\n"
       "       [-N CYCLES] [-T SECONDS] [-J FILE.json] [--csv FILE.csv] [-g N] [-t N]\n"
-      "       [--backend NAME]\n"
+      "       [-R 0|1] [--backend NAME]\n"
       "nccl-tests' flags, also as --long_name VALUE or --long_name=VALUE (docs/weft-perf.md);\n"
-      "-G, -C, -S, -p, -y, -R, -x, -D, -V, -M, -u, -I, -K are accepted and ignored with a note.\n"
+      "-R 1 puts the buffers in symmetric memory (zero-copy collectives between local ranks,\n"
+      "docs/symmetric-memory.md);\n"
+      "-G, -C, -S, -p, -y, -x, -D, -V, -M, -u, -I, -K are accepted and ignored with a note.\n"
       "{}"
       "Launch under weftrun, mpirun or srun; without a launcher, -g N x -t M ranks are started\n"
       "here (one process each).\n",
@@ -256,7 +261,6 @@ const std::map<std::string, std::string> kIgnored = {
     {"-S", "timestamps are not printed"},
     {"-p", "parallel init: ranks always initialise in parallel, one process each"},
     {"-y", "stream_null: weft has no CUDA streams"},
-    {"-R", "buffer registration: weft's cpu backends register nothing"},
     {"-x", "CTA policy: no CUDA kernels run"},
     {"-D", "device implementation: no CUDA kernels run"},
     {"-V", "device CTA count: no CUDA kernels run"},
@@ -361,6 +365,8 @@ Options parse(int argc, char** argv) {
       o.csv_path = v;
     else if (flag == "--backend")
       o.backend = v;
+    else if (flag == "-R")
+      o.symmetric = parse_int(flag, v, 0, 1);
     else if (auto it = kIgnored.find(flag); it != kIgnored.end())
       o.notes.push_back(fmt::format("{} {} ignored: {}", flag, v, it->second));
     else
@@ -585,8 +591,11 @@ bool reduces(const std::string& coll) {
   return coll == "all_reduce" || coll == "reduce_scatter" || coll == "reduce";
 }
 
+// send and recv live in `symmetric` under -R 1, in `owned` otherwise; scratch always in owned.
 struct Buffers {
-  std::vector<std::byte> send, recv, scratch;
+  std::vector<std::byte> owned;
+  std::shared_ptr<SymmetricBuffer> symmetric;
+  std::span<std::byte> send, recv, scratch;
 };
 
 class Runner {
@@ -637,7 +646,7 @@ class Runner {
 
   std::shared_ptr<Work> issue(bool in_place) {
     const size_t c = s_.count;
-    auto view = [&](std::vector<std::byte>& buf, size_t offset, size_t count) {
+    auto view = [&](std::span<std::byte> buf, size_t offset, size_t count) {
       return Tensor{buf.data() + offset * dtype_size(t_), count, t_, Device{}};
     };
     auto& send = b_.send;
@@ -917,11 +926,28 @@ int run(const Options& o, const std::string& url) {
   // Buffers for the largest size, allocated and touched once (a first touch costs far more than
   // a copy here): send and receive of max_bytes (the size column is the larger of the two), and
   // scratch for the in-place sendrecv.
+  // Under -R 1 send and receive are the two halves of one symmetric buffer (pre-faulted when
+  // made), so that every rank's tensors lie at the same offsets in it.
   Buffers buffers;
   const size_t max_bytes = std::max<size_t>(o.max_bytes, 64);
-  buffers.send.assign(max_bytes, std::byte{0});
-  buffers.recv.assign(max_bytes, std::byte{0});
-  buffers.scratch.assign(max_bytes, std::byte{0});
+  std::byte* io = nullptr;
+  if (o.symmetric) {
+    try {
+      buffers.symmetric = pg->allocate_symmetric(2 * max_bytes);
+    } catch (const Error& e) {
+      fmt::print(stderr, "{}: -R 1: {}\n", g_program, e.what());
+      return 1;
+    }
+    buffers.owned.assign(max_bytes, std::byte{0});
+    io = static_cast<std::byte*>(buffers.symmetric->data());
+    buffers.scratch = std::span<std::byte>(buffers.owned.data(), max_bytes);
+  } else {
+    buffers.owned.assign(3 * max_bytes, std::byte{0});
+    io = buffers.owned.data();
+    buffers.scratch = std::span<std::byte>(io + 2 * max_bytes, max_bytes);
+  }
+  buffers.send = std::span<std::byte>(io, max_bytes);
+  buffers.recv = std::span<std::byte>(io + max_bytes, max_bytes);
 
   const std::vector<std::string> devices = device_lines(*pg, backend);
   std::string json_collectives;
@@ -936,6 +962,9 @@ int run(const Options& o, const std::string& url) {
           "iters: {} agg iters: {} validation: {} graph: 0\n",
           o.min_bytes, o.max_bytes, o.step_factor > 1 ? o.step_factor : o.step_bytes,
           o.step_factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.agg, o.check);
+      if (o.symmetric) {
+        fmt::print("# Buffers: symmetric memory (-R 1): collectives on them run zero-copy\n");
+      }
       if (o.blocking) {
         fmt::print("# Blocking Enabled: wait for completion and barrier after each collective \n");
       }

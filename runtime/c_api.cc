@@ -26,6 +26,7 @@
 #include "weft/error.h"
 #include "weft/process_group.h"
 #include "weft/reduce_op.h"
+#include "weft/symmetric_buffer.h"
 #include "weft/tensor.h"
 #include "weft/weft.h"
 #include "weft/work.h"
@@ -42,6 +43,10 @@ struct weft_group {
 
 struct weft_work {
   std::shared_ptr<weft::Work> work;
+};
+
+struct weft_symmetric {
+  std::shared_ptr<weft::SymmetricBuffer> buffer;
 };
 
 namespace weft {
@@ -372,6 +377,36 @@ weft_result_t weft_group_destroy(weft_group_t* group) {
   if (group == nullptr) return WEFT_SUCCESS;
   std::unique_ptr<weft_group_t> owned(group);
   return weft::guarded("weft_group_destroy", [&] { owned->pg->destroy(); });
+}
+
+// ---- Symmetric memory.
+
+weft_result_t weft_symmetric_alloc(weft_group_t* group, size_t bytes, weft_symmetric_t** buffer) {
+  constexpr const char* kFunction = "weft_symmetric_alloc";
+  if (buffer != nullptr) *buffer = nullptr;
+  return weft::guarded(kFunction, [&] {
+    ProcessGroup& pg = weft::group_of(group, kFunction);
+    weft::require(buffer, kFunction, "buffer");
+    auto handle = std::make_unique<weft_symmetric_t>();
+    handle->buffer = pg.allocate_symmetric(bytes);
+    *buffer = handle.release();
+  });
+}
+
+weft_result_t weft_symmetric_data(const weft_symmetric_t* buffer, void** data, size_t* bytes) {
+  return weft::guarded("weft_symmetric_data", [&] {
+    weft::require(buffer, "weft_symmetric_data", "buffer");
+    if (data != nullptr) *data = buffer->buffer->data();
+    if (bytes != nullptr) *bytes = buffer->buffer->size();
+  });
+}
+
+weft_result_t weft_symmetric_free(weft_symmetric_t* buffer) {
+  if (buffer == nullptr) return WEFT_SUCCESS;
+  const weft_result_t released =
+      weft::guarded("weft_symmetric_free", [&] { buffer->buffer->release(); });
+  if (released == WEFT_SUCCESS) delete buffer;
+  return released;
 }
 
 // ---- Collectives.

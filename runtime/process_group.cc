@@ -295,6 +295,26 @@ std::shared_ptr<Work> ProcessGroup::end_coalescing() {
   });
 }
 
+// ---- Symmetric memory.
+
+std::shared_ptr<SymmetricBuffer> ProcessGroup::allocate_symmetric(size_t bytes) {
+  State& s = *state_;
+  Backend* backend = nullptr;
+  ErrorContext context;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.check_usable("allocate_symmetric");
+    context = s.context("allocate_symmetric", 0, fmt::format("{} bytes per rank", bytes));
+    if (s.aborted) {
+      throw Error(ErrorCode::Aborted, context, "the group was aborted: " + s.abort_reason);
+    }
+    backend = &s.backend_for(DeviceKind::Cpu, context);
+  }
+  // Outside the lock: the allocation waits for every rank (up to the timeout), and abort() must
+  // be able to take the lock meanwhile. The backend lives until destroy().
+  return backend->allocate_symmetric(bytes, context);
+}
+
 // ---- Teardown.
 
 void ProcessGroup::abort(const std::string& reason) {

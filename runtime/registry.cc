@@ -8,6 +8,13 @@
 
 namespace weft {
 
+std::shared_ptr<SymmetricBuffer> Backend::allocate_symmetric(size_t bytes,
+                                                             const ErrorContext& context) {
+  throw Error(
+      ErrorCode::Unsupported, context,
+      fmt::format("backend \"{}\" has no symmetric memory ({} bytes asked)", name(), bytes));
+}
+
 std::shared_ptr<Work> Backend::post_coalesced(std::vector<Collective> collectives,
                                               ErrorContext context) {
   auto group = std::make_shared<Work>(context);

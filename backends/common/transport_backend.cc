@@ -96,8 +96,36 @@ TransportBackend::~TransportBackend() {
 std::shared_ptr<Work> TransportBackend::post(Collective collective, ErrorContext context) {
   const bool defer = bytes_moved(collective) <= kDeferBytes;
   TraceRef trace = collective.trace;
-  auto task = [this, collective = std::move(collective), context] { run(collective, context); };
+  std::shared_ptr<SymmetricPlan> symmetric;
+  try {
+    if (auto plan = plan_symmetric(transport_->symmetric_memory(), collective, context)) {
+      symmetric = std::make_shared<SymmetricPlan>(std::move(*plan));
+    }
+  } catch (const Error&) {
+    // A tensor straddling a symmetric buffer's end: the call's own fault, on this rank.
+    auto work = std::make_shared<Work>(context, options_.timeout);
+    work->set_trace(std::move(trace));
+    work->fail(std::current_exception());
+    return work;
+  }
+  auto task = [this, collective = std::move(collective), context, symmetric]() mutable {
+    // The buffers' uses end with the task's run, before its Work completes: a release() right
+    // after wait() must not find them still held.
+    std::shared_ptr<SymmetricPlan> plan = std::move(symmetric);
+    run(collective, context, plan.get());
+  };
   return thread_->submit(std::move(context), std::move(task), defer, std::move(trace));
+}
+
+std::shared_ptr<SymmetricBuffer> TransportBackend::allocate_symmetric(size_t bytes,
+                                                                      const ErrorContext& context) {
+  collectives::SymmetricMemory* memory = transport_->symmetric_memory();
+  if (memory == nullptr) {
+    throw Error(ErrorCode::Unsupported, context,
+                fmt::format("backend \"{}\" cannot allocate symmetric memory in this group: {}",
+                            name_, transport_->why_no_symmetric_memory()));
+  }
+  return memory->allocate(bytes, Clock::now() + options_.timeout);
 }
 
 std::shared_ptr<Work> TransportBackend::post_coalesced(std::vector<Collective> collectives,
@@ -230,7 +258,8 @@ void TransportBackend::break_group(const ErrorContext& context, std::exception_p
   transport_->abort("the group broke: " + what);
 }
 
-void TransportBackend::run(const Collective& collective, const ErrorContext& context) {
+void TransportBackend::run(const Collective& collective, const ErrorContext& context,
+                           const SymmetricPlan* zero_copy) {
   const CollectiveKind kind = collective.kind;
   const bool symmetric = kind == CollectiveKind::AllReduce || kind == CollectiveKind::AllGather ||
                          kind == CollectiveKind::ReduceScatter ||
@@ -244,7 +273,11 @@ void TransportBackend::run(const Collective& collective, const ErrorContext& con
         collectives::fingerprinted_seq(collective.seq, call_fingerprint(collective, dtype));
     collectives::Context ctx{*transport_, seq, deadline};
     ctx.scratch = &scratch_;
-    run_collective(collective, ctx, plan_);
+    if (zero_copy != nullptr) {
+      run_symmetric(collective, ctx, *transport_->symmetric_memory(), *zero_copy);
+    } else {
+      run_collective(collective, ctx, plan_);
+    }
   });
 }
 

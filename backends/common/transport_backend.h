@@ -18,6 +18,8 @@
 //   a collective's Timeout first names the members that did not time out with this rank.
 //   A dead process closes its connections, so the first PeerLost comes within the transport's
 //   liveness interval, not at the timeout.
+// - Symmetric buffers: a collective whose tensors lie in the transport's symmetric buffers runs
+//   zero-copy (symmetric_dispatch.h), under the same deadline and failure policy.
 // - Errors leave with the collective's context in front: rank, group, op, #seq.
 //
 // Cost: one virtual call into the Transport per message, as the algorithms always made; the
@@ -37,6 +39,7 @@
 
 #include "backends/common/collective_dispatch.h"
 #include "backends/common/group_failure.h"
+#include "backends/common/symmetric_dispatch.h"
 #include "collectives/scratch_pool.h"
 #include "collectives/transport.h"
 #include "runtime/progress_thread.h"
@@ -56,11 +59,17 @@ class TransportBackend final : public Backend {
   std::shared_ptr<Work> post_coalesced(std::vector<Collective> collectives,
                                        ErrorContext context) override;
   void abort(const std::string& reason) override;
+  // Over the transport's symmetric memory (transport.h); Error(Unsupported) saying why when it
+  // has none (a peer on another host, shared memory off).
+  std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t bytes,
+                                                      const ErrorContext& context) override;
   bool supports_recv_any() const override { return transport_ && transport_->supports_recv_any(); }
 
  private:
-  // Runs one collective on the progress thread; throws weft::Error.
-  void run(const Collective& collective, const ErrorContext& context);
+  // Runs one collective on the progress thread, zero-copy when `zero_copy` (its plan) is given;
+  // throws weft::Error.
+  void run(const Collective& collective, const ErrorContext& context,
+           const SymmetricPlan* zero_copy = nullptr);
   // Runs `body` against the group's deadline and gives what it throws the context: rank, group,
   // op, #seq; a PeerLost, Timeout or Protocol error breaks the group. A Timeout of a symmetric
   // collective (`symmetric`: all_reduce, all_gather, reduce_scatter, all_to_all, barrier, whose

@@ -94,8 +94,26 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
     tcp_options.group_name = options.group_name;
     tcp = std::make_unique<TcpTransport>(rank, size, std::move(sockets), tcp_options);
   }
-  return std::make_unique<RoutedTransport>(rank, size, std::move(shm), std::move(tcp),
-                                           std::move(nodes));
+  ShmTransport* shm_transport = shm.get();
+  auto routed = std::make_unique<RoutedTransport>(rank, size, std::move(shm), std::move(tcp),
+                                                  std::move(nodes));
+  if (!shm_on) {
+    routed->no_symmetric_ =
+        "shared memory is off for this group (WEFT_SHM=0 or the backend setting shm=0)";
+  } else if (any_tcp) {
+    routed->no_symmetric_ = fmt::format(
+        "rank(s) {} are not on this host's shared memory (reached over TCP); "
+        "symmetric buffers need every rank of the group on one host",
+        fmt::join(tcp_peers, ", "));
+  } else {
+    ShmSymmetricMemory::Options sym_options;
+    sym_options.group_name = options.group_name;
+    sym_options.key_prefix = options.key_prefix + "/sym";
+    sym_options.group_id = group_id;
+    routed->symmetric_ = std::make_unique<ShmSymmetricMemory>(store, rank, size, shm_transport,
+                                                              std::move(sym_options));
+  }
+  return routed;
 }
 
 RoutedTransport::RoutedTransport(int rank, int size, std::unique_ptr<ShmTransport> shm,

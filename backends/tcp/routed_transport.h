@@ -28,6 +28,7 @@
 
 #include "weft/store.h"
 
+#include "backends/tcp/shm_symmetric_memory.h"
 #include "backends/tcp/shm_transport.h"
 #include "backends/tcp/tcp_transport.h"
 #include "collectives/transport.h"
@@ -83,6 +84,9 @@ class RoutedTransport final : public collectives::Transport {
   void wait(collectives::Request request, collectives::Clock::time_point deadline) override;
   bool test(collectives::Request request) override;
   void abort(const std::string& reason) override;
+  // Symmetric buffers: when every peer is on this host's shared memory (or there is none).
+  collectives::SymmetricMemory* symmetric_memory() override { return symmetric_.get(); }
+  std::string why_no_symmetric_memory() const override { return no_symmetric_; }
 
  private:
   enum Side : uint64_t { kTcp = 0, kShm = 1 };
@@ -98,6 +102,10 @@ class RoutedTransport final : public collectives::Transport {
   const std::vector<int> nodes_;
   // Inner ids posted and not yet waited for, per side: a handful, so vectors.
   std::vector<uint64_t> pending_[2];
+  // After shm_, which it uses. Null when some peer is not on shared memory; then no_symmetric_
+  // says why.
+  std::unique_ptr<ShmSymmetricMemory> symmetric_;
+  std::string no_symmetric_;
 };
 
 }  // namespace weft::tcp

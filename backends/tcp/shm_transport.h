@@ -71,6 +71,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -147,6 +148,15 @@ class ShmTransport final : public collectives::Transport {
   // peer is found lost, abort() is called, or `until`. Never throws for a request: it is how a
   // composite transport waits on this one while it has requests elsewhere.
   void idle(collectives::Clock::time_point until);
+
+  // For waits on memory the peers share beside the rings (symmetric buffers): rings every peer's
+  // doorbell, after the caller published what they may wait for.
+  void ring_peers();
+  // Sleeps on this rank's doorbell until ready() (true) or the deadline (false), with the
+  // transport's spin budget, checking the peers' liveness at least once per slice (50 ms).
+  // Throws Error(PeerLost) naming a peer found lost, Error(Aborted) after abort(). Moves no
+  // ring traffic: the caller runs it when no request is pending.
+  bool wait_beside(const std::function<bool()>& ready, collectives::Clock::time_point deadline);
 
   // Times this rank slept on its doorbell (for tests: proves that waits block).
   uint64_t sleeps() const { return bell_ ? bell_->sleeps() : 0; }

@@ -140,6 +140,46 @@ void ShmTransport::abort(const std::string& reason) {
   if (bell_) bell_->ring();
 }
 
+void ShmTransport::ring_peers() {
+  for (auto& peer : peers_) {
+    if (peer && !peer->lost) peer->bell->ring();
+  }
+}
+
+bool ShmTransport::wait_beside(const std::function<bool()>& ready, Clock::time_point deadline) {
+  auto check = [&] {
+    if (matcher_.aborted()) {
+      handle_abort();
+      throw matcher_.error(ErrorCode::Aborted, "shm wait", "the transport was aborted");
+    }
+    // A peer that died is the news; one that hung up because it broke on that death is not.
+    const Peer* lost = nullptr;
+    for (auto& peer : peers_) {
+      if (!peer || !peer->lost) continue;
+      if (!lost || lost->lost_reason == backends::MessageMatcher::kPeerAborted) lost = peer.get();
+    }
+    if (lost) {
+      throw matcher_.error(ErrorCode::PeerLost, "shm wait",
+                           fmt::format("rank {} {}", lost->rank, lost->lost_reason));
+    }
+  };
+  check_peers(false);
+  check();
+  if (!bell_) return ready();
+  for (;;) {
+    const uint64_t losses = losses_;
+    const bool woken = bell_->wait(
+        [&] { return ready() || matcher_.aborted() || losses_ != losses; }, deadline, spin_budget_,
+        [&] {
+          check_peers(true);
+          check();
+        });
+    check();
+    if (ready()) return true;
+    if (!woken) return false;
+  }
+}
+
 void ShmTransport::handle_abort() {
   if (!matcher_.handle_abort()) return;
   for (auto& peer : peers_) {

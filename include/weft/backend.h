@@ -27,6 +27,7 @@
 #include "weft/error.h"
 #include "weft/reduce_op.h"
 #include "weft/store.h"
+#include "weft/symmetric_buffer.h"
 #include "weft/tensor.h"
 #include "weft/work.h"
 
@@ -138,6 +139,13 @@ class Backend {
   // the first error); backends that can fuse or overlap them override it.
   virtual std::shared_ptr<Work> post_coalesced(std::vector<Collective> collectives,
                                                ErrorContext context);
+
+  // Allocates a symmetric buffer of `bytes` per rank (weft/symmetric_buffer.h): collective over
+  // the group, blocking at most the group's timeout; collectives on tensors inside it may run
+  // zero-copy. `context` is what errors start with. The default refuses: Error(Unsupported)
+  // naming the backend.
+  virtual std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t bytes,
+                                                              const ErrorContext& context);
 
   // Whether a Recv from kAnySource works here. The group refuses it, Unsupported, where not.
   virtual bool supports_recv_any() const { return false; }

@@ -49,6 +49,7 @@
 #include "weft/device.h"
 #include "weft/reduce_op.h"
 #include "weft/store.h"
+#include "weft/symmetric_buffer.h"
 #include "weft/tensor.h"
 #include "weft/work.h"
 
@@ -237,6 +238,19 @@ class ProcessGroup {
   // unit and returns its Work. Every rank coalesces the same calls. All must use one device kind.
   void start_coalescing();
   std::shared_ptr<Work> end_coalescing();
+
+  // ---- Symmetric memory (weft/symmetric_buffer.h, docs/symmetric-memory.md).
+
+  // Allocates `bytes` on every rank, in one shared mapping per host, and returns this rank's
+  // handle: all_reduce, reduce_scatter, all_gather and broadcast on tensors inside such buffers
+  // (at the same offset on every rank) run zero-copy. Collective over the group: every rank calls
+  // it with the same `bytes`, in the same order as the group's other allocations; it is not
+  // numbered as a collective and may overlap the group's running collectives. Blocks up to the
+  // group's timeout. Error(Unsupported) naming the reason when the group's cpu backend has no
+  // shared memory between all its ranks (a rank on another host, WEFT_SHM=0, a plugin backend);
+  // Error(Io) when the memory cannot be made (a full /dev/shm). REQUIRES: not concurrent with
+  // destroy().
+  std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t bytes);
 
   // ---- Sub-groups. Collective over this group: every rank calls them, in the same order.
 

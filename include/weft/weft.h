@@ -273,6 +273,29 @@ weft_result_t weft_work_free(weft_work_t* work);
  * after a failure, and for every other operation. */
 weft_result_t weft_work_source_rank(weft_work_t* work, int32_t* source);
 
+/* ---- Symmetric memory (weft::SymmetricBuffer; docs/symmetric-memory.md). */
+
+/* Memory every rank of a group allocated together, in one shared mapping per host. The
+ * collectives above, given buffers inside it (at the same offset on every rank), run zero-copy:
+ * all_reduce, reduce_scatter, all_gather and broadcast. Created by weft_symmetric_alloc; released
+ * by weft_symmetric_free. */
+typedef struct weft_symmetric weft_symmetric_t;
+
+/* Collective over the group (every rank calls it with the same `bytes`, in the same order as the
+ * group's other allocations): allocates `bytes` on every rank and stores this rank's handle in
+ * *buffer. Blocks up to the group's timeout. WEFT_ERR_UNSUPPORTED, saying why, when the group's
+ * ranks do not all share this host's memory (a rank on another host, WEFT_SHM=0, a plugin
+ * backend); WEFT_ERR_IO when the memory cannot be made (a full /dev/shm). */
+weft_result_t weft_symmetric_alloc(weft_group_t* group, size_t bytes, weft_symmetric_t** buffer);
+
+/* This rank's bytes: *data (page-aligned) and *bytes (as allocated). Either may be NULL. */
+weft_result_t weft_symmetric_data(const weft_symmetric_t* buffer, void** data, size_t* bytes);
+
+/* Unmaps this rank's block and frees the handle. WEFT_ERR_INVALID_ARGUMENT, naming them, while
+ * collectives issued on buffers inside it have not completed: the handle then stays valid (wait
+ * for them and free it again). NULL is a no-op. The group may be destroyed first. */
+weft_result_t weft_symmetric_free(weft_symmetric_t* buffer);
+
 /* ---- The flight recorder (docs/flight-recorder.md). */
 
 /* Writes the flight recorder of every group of this process to WEFT_TRACE_DIR, one JSON file per

@@ -573,3 +573,46 @@ TEST_CASE("weft_dump_trace writes this rank's flight recorder where WEFT_TRACE_D
 
 }  // namespace
 }  // namespace weft
+
+namespace weft {
+namespace {
+
+TEST_CASE(
+    "weft_symmetric_alloc gives memory whose all_reduce runs zero-copy; free refuses while "
+    "in use",
+    "[c_api][multiproc][symmetric]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(3, [&](int rank) {
+    using test::capi::join;
+    using test::capi::leave;
+    weft_group_t* g = join(port, rank, 3);
+    weft_symmetric_t* buffer = nullptr;
+    EXPECT_RESULT(weft_symmetric_alloc(g, 4096, nullptr), WEFT_ERR_INVALID_ARGUMENT,
+                  "buffer is NULL");
+    EXPECT_OK(weft_symmetric_alloc(g, 4096, &buffer));
+    void* data = nullptr;
+    size_t bytes = 0;
+    EXPECT_OK(weft_symmetric_data(buffer, &data, &bytes));
+    RANK_CHECK(data != nullptr && bytes == 4096);
+    auto* x = static_cast<int32_t*>(data);
+    for (int i = 0; i < 1000; ++i) x[i] = rank * 100 + i;
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    weft_work_t* work = nullptr;
+    EXPECT_OK(weft_all_reduce(g, x, x, 1000, WEFT_INT32, WEFT_SUM, &work));
+    if (rank == 0) {
+      EXPECT_RESULT(weft_symmetric_free(buffer), WEFT_ERR_INVALID_ARGUMENT, "all_reduce #1",
+                    "still in use");
+    }
+    EXPECT_OK(weft_work_wait(work, -1));
+    EXPECT_OK(weft_work_free(work));
+    for (int i = 0; i < 1000; ++i) {
+      RANK_CHECK(x[i] == 300 + 3 * i, "rank {} x[{}] = {}", rank, i, x[i]);
+    }
+    EXPECT_OK(weft_symmetric_free(buffer));
+    EXPECT_OK(weft_symmetric_free(nullptr));
+    leave(g);
+  });
+}
+
+}  // namespace
+}  // namespace weft

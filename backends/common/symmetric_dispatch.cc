@@ -1,0 +1,143 @@
+#include "backends/common/symmetric_dispatch.h"
+
+#include <algorithm>
+#include <bit>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "weft/error.h"
+
+#include "runtime/flight_recorder.h"
+
+namespace weft::backends {
+
+using collectives::SymmetricMemory;
+using collectives::SymmetricOperand;
+using collectives::SymmetricRegion;
+
+namespace {
+
+// SymmetricCall::in_offset of an all_gather whose every input lies in its rank's block of the
+// output: no offset is this large.
+constexpr uint64_t kInPlace = ~uint64_t{0};
+
+bool equal_blocks(const std::vector<size_t>& counts) {
+  return std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
+}
+
+}  // namespace
+
+std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Collective& c,
+                                            const ErrorContext& context) {
+  if (memory == nullptr) return std::nullopt;
+  bool needs_input = true;
+  switch (c.kind) {
+    case CollectiveKind::AllReduce:
+      break;
+    case CollectiveKind::AllGather:
+    case CollectiveKind::ReduceScatter:
+      if (!equal_blocks(c.counts)) return std::nullopt;
+      break;
+    case CollectiveKind::Broadcast:
+      needs_input = false;
+      break;
+    default:
+      return std::nullopt;
+  }
+  if (c.outputs.size() != 1 || (needs_input && c.inputs.size() != 1)) return std::nullopt;
+  auto find = [&](const Tensor& t) {
+    try {
+      return memory->find(t.data, t.nbytes());
+    } catch (const Error& e) {
+      // "symmetric buffer #0 of group "g": InvalidArgument: a tensor ...": the code goes in front.
+      std::string detail = e.what();
+      if (size_t at = detail.find(": InvalidArgument: "); at != std::string::npos) {
+        detail.erase(at, std::string_view(": InvalidArgument").size());
+      }
+      throw Error(ErrorCode::InvalidArgument, context, detail);
+    }
+  };
+  SymmetricMemory::Found out = find(c.outputs[0]);
+  SymmetricMemory::Found in;
+  if (needs_input) in = find(c.inputs[0]);
+  if (!out.region || (needs_input && !in.region)) return std::nullopt;
+
+  SymmetricPlan plan;
+  const std::string user = fmt::format("{} #{}", collective_name(c.kind), c.seq);
+  for (const auto& found : {in, out}) {
+    if (!found.region) continue;
+    auto use = SymmetricRegion::use(found.region, user);
+    if (!use) {
+      throw Error(ErrorCode::InvalidArgument, context,
+                  fmt::format("symmetric buffer #{} was released", found.region->id()));
+    }
+    plan.uses.push_back(std::move(use));
+  }
+  plan.output = SymmetricOperand{out.region.get(), out.offset};
+  if (needs_input) plan.input = SymmetricOperand{in.region.get(), in.offset};
+  plan.anchor = needs_input ? in.region.get() : out.region.get();
+
+  const Tensor& any = needs_input ? c.inputs[0] : c.outputs[0];
+  plan.call.seq = c.seq;
+  plan.call.shape = static_cast<uint64_t>(c.kind) | static_cast<uint64_t>(any.dtype) << 8 |
+                    static_cast<uint64_t>(c.op.kind) << 16 |
+                    static_cast<uint64_t>(static_cast<uint32_t>(c.root)) << 32;
+  plan.call.factor = c.op.kind == ReduceOp::PremulSum ? std::bit_cast<uint64_t>(c.op.factor) : 0;
+  plan.call.count = c.outputs[0].count;
+  if (needs_input) {
+    plan.call.in_region = in.region->id() + 1;  // 0: none
+    plan.call.in_offset = in.offset;
+  }
+  plan.call.out_region = out.region->id() + 1;
+  plan.call.out_offset = out.offset;
+  if (c.kind == CollectiveKind::ReduceScatter) {
+    // Peers never touch this rank's output: in place or not, each rank's is its own business.
+    plan.call.out_region = plan.call.out_offset = 0;
+  }
+  if (c.kind == CollectiveKind::AllGather) {
+    // In place, each rank's input is its own block of the output: at a different offset on each
+    // rank, so the call says "in place" instead, and peers read it from the output.
+    const int rank = out.region->rank();
+    plan.in_place =
+        in.region == out.region && in.offset == out.offset + rank * c.inputs[0].nbytes();
+    if (plan.in_place) {
+      plan.call.in_region = 0;
+      plan.call.in_offset = kInPlace;
+    }
+  }
+  return plan;
+}
+
+void run_symmetric(const Collective& c, const collectives::Context& ctx, SymmetricMemory& memory,
+                   const SymmetricPlan& plan) {
+  note_algorithm(c.trace, "symmetric");
+  collectives::SymmetricContext sc{ctx, memory, *plan.anchor, plan.call};
+  const Tensor& out = c.outputs[0];
+  switch (c.kind) {
+    case CollectiveKind::AllReduce:
+      collectives::symmetric_all_reduce(sc, plan.input, plan.output, out.count, out.dtype, c.op);
+      return;
+    case CollectiveKind::ReduceScatter:
+      collectives::symmetric_reduce_scatter(sc, plan.input, plan.output, out.count, out.dtype,
+                                            c.op);
+      return;
+    case CollectiveKind::AllGather:
+      collectives::symmetric_all_gather(
+          sc, plan.in_place ? collectives::SymmetricOperand{} : plan.input, plan.output,
+          c.inputs[0].count, out.dtype);
+      return;
+    case CollectiveKind::Broadcast:
+      collectives::symmetric_broadcast(sc, c.inputs.empty() ? nullptr : c.inputs[0].data,
+                                       plan.output, out.count, out.dtype, c.root);
+      return;
+    default:
+      break;
+  }
+  throw Error(ErrorCode::Unsupported,
+              fmt::format("symmetric dispatch: no zero-copy {}", collective_name(c.kind)));
+}
+
+}  // namespace weft::backends

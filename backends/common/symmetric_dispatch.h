@@ -1,0 +1,45 @@
+// backends/common/symmetric_dispatch.h: runs a Collective zero-copy when its tensors lie in
+// symmetric buffers (collectives/symmetric.h), the switch beside collective_dispatch.h's.
+//
+// plan_symmetric() decides, on the posting thread, from this rank's tensors alone: all_reduce,
+// reduce_scatter and all_gather (equal blocks) whose input and output both lie in symmetric
+// buffers of the group, and broadcast whose output does (the root's input may lie anywhere), run
+// zero-copy; everything else, and any collective inside a coalesced unit, takes the message path.
+// Every rank decides alike when the program passes the same kind of memory on every rank; where
+// it does not, the ranks that went zero-copy time out in their barrier naming the others, and the
+// others time out on their messages. The plan holds a use of each buffer, so a buffer cannot be
+// released (and stays mapped if its handle goes) until the collective is over.
+//
+// Thread safety: plan_symmetric() from any thread; run_symmetric() on the progress thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "weft/backend.h"
+
+#include "collectives/context.h"
+#include "collectives/symmetric.h"
+
+namespace weft::backends {
+
+struct SymmetricPlan {
+  std::vector<std::shared_ptr<collectives::SymmetricRegion::Use>> uses;
+  collectives::SymmetricOperand input;  // region null for a broadcast
+  collectives::SymmetricOperand output;
+  collectives::SymmetricRegion* anchor = nullptr;
+  collectives::SymmetricCall call;
+  bool in_place = false;  // all_gather: every rank's input is its block of the output
+};
+
+// The zero-copy plan of `c`, or nullopt for the message path. Throws Error(InvalidArgument) with
+// `context` when a tensor starts inside a symmetric buffer and runs past its end.
+std::optional<SymmetricPlan> plan_symmetric(collectives::SymmetricMemory* memory,
+                                            const Collective& c, const ErrorContext& context);
+
+// Runs `c` by `plan`, with ctx's deadline and scratch. Throws what the algorithm throws.
+void run_symmetric(const Collective& c, const collectives::Context& ctx,
+                   collectives::SymmetricMemory& memory, const SymmetricPlan& plan);
+
+}  // namespace weft::backends

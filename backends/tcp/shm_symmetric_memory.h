@@ -1,0 +1,65 @@
+// backends/tcp/shm_symmetric_memory.h: symmetric buffers (collectives/symmetric_memory.h) for a
+// group whose ranks all share this host's memory, over the shared-memory transport.
+//
+// Allocation (collective, one store round trip): rank 0 creates one ShmSegment (shm_segment.h:
+// reserved, mapped and pre-faulted once) holding the header, the slots and every rank's block,
+// formats the header and sets "<key_prefix>/<n>" to its name (n: the group's allocation number);
+// every other rank opens and pre-faults it, checks the header and sets
+// "<key_prefix>/<n>/opened/<r>"; once all have, rank 0 unlinks the name, so nothing is left in
+// /dev/shm even if the job dies later, and the memory goes when the last rank unmaps it. A rank
+// that cannot create or open it writes "! <its error>" instead, so that the others fail at once
+// with Error(Io), not at their timeout. Names are "/weft-<job tag>-<group id>s<n>-<pid>-r0"
+// (shm_job_prefix()): the
+// "-<pid>-r<rank>" end lets a launcher remove what a rank killed during allocation leaves
+// (remove_orphan_segments()), as for the transport's segments.
+//
+// Barriers sleep on the transport's doorbells and learn of dead peers from its control sockets
+// (ShmTransport::wait_beside), so abort() and a peer's death wake them as they wake the rings.
+//
+// Thread safety: allocate() from any thread (the group serialises it); wake_peers() and
+// wait_until() on the progress thread. Ownership: the transport it is given must outlive it;
+// regions outlive it (each holds its own mapping).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "weft/store.h"
+
+#include "backends/tcp/shm_transport.h"
+#include "collectives/symmetric_memory.h"
+
+namespace weft::tcp {
+
+class ShmSymmetricMemory final : public collectives::SymmetricMemory {
+ public:
+  struct Options {
+    std::string group_name = "world";
+    std::string key_prefix = "weft/sym";  // unique per group in its store
+    uint64_t group_id = 0;                // goes into segment names
+  };
+
+  // `shm`: the transport to every peer; null only in a group of one rank.
+  ShmSymmetricMemory(Store& store, int rank, int size, ShmTransport* shm, Options options);
+
+  std::shared_ptr<collectives::SymmetricRegion> allocate(
+      size_t bytes, collectives::Clock::time_point deadline) override;
+  void wake_peers() override;
+  bool wait_until(const std::function<bool()>& ready,
+                  collectives::Clock::time_point deadline) override;
+
+ private:
+  Error error(ErrorCode code, const std::string& detail) const;
+
+  Store& store_;
+  const int rank_;
+  const int size_;
+  ShmTransport* const shm_;
+  const Options options_;
+  std::atomic<uint64_t> allocations_{0};
+};
+
+}  // namespace weft::tcp

@@ -1,0 +1,180 @@
+#include "collectives/symmetric.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "weft/error.h"
+
+#include "runtime/reduce.h"
+
+namespace weft::collectives {
+
+namespace {
+
+// A rank reduces its slice through a scratch chunk of this size: every input's piece is read once
+// into the accumulator, which stays in L2 (1-2 MiB here) while the P copies out are written.
+constexpr size_t kChunkBytes = 128 * 1024;
+// Slices start on cache-line boundaries (relative to the tensor), so that two ranks never write
+// the same line of an output.
+constexpr size_t kLineBytes = 64;
+
+std::string describe_call(const SymmetricCall& call) {
+  return fmt::format(
+      "#{} (shape {:#x}, {} elements, input at buffer #{} + {}, output at buffer #{} + {})",
+      call.seq, call.shape, call.count, call.in_region, call.in_offset, call.out_region,
+      call.out_offset);
+}
+
+// Elements [begin, end) of `count` that rank `rank` of `ranks` owns.
+std::pair<size_t, size_t> slice_of(size_t count, size_t element, int rank, int ranks) {
+  const size_t unit = std::max<size_t>(1, kLineBytes / element);
+  const size_t units = (count + unit - 1) / unit;
+  const size_t begin = std::min(count, unit * (units * rank / ranks));
+  const size_t end = std::min(count, unit * (units * (rank + 1) / ranks));
+  return {begin, end};
+}
+
+// Reduces `n` elements at byte `at` of every rank's input, in rank order, into `acc`, and
+// finalises them. `spare` (n elements) holds a premultiplied input.
+void reduce_piece(const SymmetricOperand& input, size_t at, size_t n, int ranks, DType dtype,
+                  ReduceOp op, std::byte* acc, std::byte* spare) {
+  const size_t bytes = n * dtype_size(dtype);
+  const bool premultiply = reduce::needs_premultiply(op);
+  for (int p = 0; p < ranks; ++p) {
+    const std::byte* src = input.at(p) + at;
+    if (p == 0) {
+      if (premultiply) {
+        reduce::premultiply(acc, src, n, dtype, op.factor);
+      } else {
+        std::memcpy(acc, src, bytes);
+      }
+    } else if (premultiply) {
+      reduce::premultiply(spare, src, n, dtype, op.factor);
+      reduce::accumulate(acc, spare, n, dtype, op);
+    } else {
+      reduce::accumulate(acc, src, n, dtype, op);
+    }
+  }
+  reduce::finalize(acc, n, dtype, op, ranks);
+}
+
+}  // namespace
+
+void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* phase) {
+  SymmetricRegion& region = c.anchor;
+  const int ranks = region.ranks();
+  const int rank = region.rank();
+  SymmetricSlot& mine = region.slot(rank);
+  if (check_call) mine.call = c.call;  // before the release below (invariant 2)
+  const uint64_t epoch = ++region.epoch();
+  mine.arrived.store(epoch, std::memory_order_release);
+  if (ranks == 1) return;
+  c.memory.wake_peers();
+  auto all_arrived = [&] {
+    for (int p = 0; p < ranks; ++p) {
+      if (region.slot(p).arrived.load(std::memory_order_acquire) < epoch) return false;
+    }
+    return true;
+  };
+  const auto started = Clock::now();
+  if (!c.memory.wait_until(all_arrived, c.ctx.deadline)) {
+    std::vector<int> absent;
+    for (int p = 0; p < ranks; ++p) {
+      if (region.slot(p).arrived.load(std::memory_order_acquire) < epoch) absent.push_back(p);
+    }
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+    throw Error(ErrorCode::Timeout,
+                fmt::format("symmetric barrier ({}) on buffer #{}: Timeout after {} ms: rank(s) "
+                            "{} had not arrived (stopped, hung, or running another collective: "
+                            "every rank must pass tensors in this buffer, or none)",
+                            phase, region.id(), waited.count(), fmt::join(absent, ", ")));
+  }
+  if (!check_call) return;
+  for (int p = 0; p < ranks; ++p) {
+    const SymmetricCall& theirs = region.slot(p).call;
+    if (theirs == c.call) continue;
+    throw Error(ErrorCode::Desync,
+                fmt::format("symmetric barrier ({}) on buffer #{}: Desync: rank {} runs {}; this "
+                            "rank runs {} (every rank must pass the same call, with its tensors "
+                            "at the same offsets of the same buffers)",
+                            phase, region.id(), p, describe_call(theirs), describe_call(c.call)));
+  }
+}
+
+void symmetric_all_reduce(const SymmetricContext& c, SymmetricOperand input,
+                          SymmetricOperand output, size_t count, DType dtype, ReduceOp op) {
+  reduce::check_supported(dtype, op);
+  const size_t element = dtype_size(dtype);
+  const int ranks = c.anchor.ranks();
+  const auto [begin, end] = slice_of(count, element, c.anchor.rank(), ranks);
+  const size_t chunk = std::max<size_t>(1, kChunkBytes / element);
+  const size_t piece = std::min(chunk, end - begin);
+  detail::Scratch scratch(c.ctx, piece * element * (reduce::needs_premultiply(op) ? 2 : 1));
+  symmetric_barrier(c, true, "enter");
+  for (size_t first = begin; first < end; first += chunk) {
+    const size_t n = std::min(chunk, end - first);
+    const size_t at = first * element;
+    std::byte* acc = scratch.data();
+    reduce_piece(input, at, n, ranks, dtype, op, acc, acc + piece * element);
+    for (int p = 0; p < ranks; ++p) std::memcpy(output.at(p) + at, acc, n * element);
+  }
+  symmetric_barrier(c, false, "leave");
+}
+
+void symmetric_reduce_scatter(const SymmetricContext& c, SymmetricOperand input,
+                              SymmetricOperand output, size_t count, DType dtype, ReduceOp op) {
+  reduce::check_supported(dtype, op);
+  const size_t element = dtype_size(dtype);
+  const int ranks = c.anchor.ranks();
+  const int rank = c.anchor.rank();
+  const size_t chunk = std::max<size_t>(1, kChunkBytes / element);
+  const size_t piece = std::min(chunk, count);
+  detail::Scratch scratch(c.ctx, piece * element * (reduce::needs_premultiply(op) ? 2 : 1));
+  symmetric_barrier(c, true, "enter");
+  const size_t block = static_cast<size_t>(rank) * count * element;
+  for (size_t first = 0; first < count; first += chunk) {
+    const size_t n = std::min(chunk, count - first);
+    std::byte* acc = scratch.data();
+    reduce_piece(input, block + first * element, n, ranks, dtype, op, acc, acc + piece * element);
+    std::memcpy(output.at(rank) + first * element, acc, n * element);
+  }
+  symmetric_barrier(c, false, "leave");
+}
+
+void symmetric_all_gather(const SymmetricContext& c, SymmetricOperand input,
+                          SymmetricOperand output, size_t count, DType dtype) {
+  const size_t bytes = count * dtype_size(dtype);
+  const int ranks = c.anchor.ranks();
+  const int rank = c.anchor.rank();
+  symmetric_barrier(c, true, "enter");
+  std::byte* out = output.at(rank);
+  // Starting at this rank's own block spreads the P readers over the P blocks at any moment.
+  for (int i = 0; i < ranks; ++i) {
+    const int p = (rank + i) % ranks;
+    const std::byte* src =
+        input.region != nullptr ? input.at(p) : output.at(p) + static_cast<size_t>(p) * bytes;
+    std::byte* dst = out + static_cast<size_t>(p) * bytes;
+    if (src != dst && bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  symmetric_barrier(c, false, "leave");
+}
+
+void symmetric_broadcast(const SymmetricContext& c, const void* input, SymmetricOperand output,
+                         size_t count, DType dtype, int root) {
+  const size_t bytes = count * dtype_size(dtype);
+  const int rank = c.anchor.rank();
+  if (rank == root && input != output.at(rank) && bytes > 0) {
+    std::memcpy(output.at(rank), input, bytes);  // before peers may read it (enter)
+  }
+  symmetric_barrier(c, true, "enter");
+  if (rank != root && bytes > 0) std::memcpy(output.at(rank), output.at(root), bytes);
+  symmetric_barrier(c, false, "leave");
+}
+
+}  // namespace weft::collectives

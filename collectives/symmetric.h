@@ -1,0 +1,82 @@
+// collectives/symmetric.h: zero-copy collectives on symmetric buffers (symmetric_memory.h).
+//
+// When every tensor of a collective lies in a symmetric buffer, at the same offset on every rank,
+// each rank can read its peers' inputs and write their outputs through the shared mapping: no
+// message carries data, and a reduction is the only work left. Every algorithm here is
+//
+//   1. enter: a barrier on the anchor region (the buffer of the tensor every rank passes), in
+//      which each rank publishes its call (SymmetricCall) and checks that every peer runs the
+//      same one (else Error(Desync) naming the first peer that differs);
+//   2. this rank's share of the work, straight between the blocks;
+//   3. leave: a second barrier, after which every output is final and every input may be reused.
+//
+// Costs, for P ranks and S bytes per rank (all_reduce: S the tensor; the others as named below):
+//   all_reduce      rank r reduces elements [r S/P, (r+1) S/P) of all P inputs, in rank order
+//                   0..P-1 (so results are the same bits on every rank and for every P-way
+//                   split), through an L2-sized chunk of scratch, then writes the result into
+//                   every rank's output: reads S, writes S, reduces (P-1) S/P per rank.
+//   reduce_scatter  rank r reduces block r of all P inputs (S = one block) into its output:
+//                   reads P S, writes S.
+//   all_gather      rank r copies every rank's input (S) into its output: reads and writes P S.
+//   broadcast       the root copies its input (which may lie anywhere) into its output (unless
+//                   in place), then every rank copies the root's output into its own: reads and
+//                   writes S.
+// Two barriers each, every one a handful of cache-line transfers plus, when a rank sleeps, a
+// futex wake-up. Against the message path (a ring: 2 (P-1)/P S through shared-memory rings, each
+// byte copied twice, with 2 (P-1) handshakes), all_reduce saves the copies and the handshakes.
+//
+// In place: all_reduce with output == input; reduce_scatter with the output at this rank's block
+// of the input; all_gather with the input at this rank's block of the output; broadcast with
+// output == input. Safe because a rank writes only what no peer reads in the same collective
+// (all_reduce: slice r of the outputs, which only rank r reads as input).
+//
+// Failure: a barrier waits until the context's deadline (Error(Timeout) naming the ranks that had
+// not arrived), and fails with Error(PeerLost) naming a dead peer within the memory's liveness
+// interval (50 ms) or Error(Aborted) after abort().
+//
+// Thread safety: none; runs on the thread that drives the group's transport.
+#pragma once
+
+#include <cstddef>
+
+#include "weft/dtype.h"
+#include "weft/reduce_op.h"
+
+#include "collectives/context.h"
+#include "collectives/symmetric_memory.h"
+
+namespace weft::collectives {
+
+struct SymmetricContext {
+  const Context& ctx;  // deadline and scratch (its transport is not used)
+  SymmetricMemory& memory;
+  SymmetricRegion& anchor;  // whose barriers the collective uses
+  SymmetricCall call;       // what this rank runs, compared with every peer's
+};
+
+// A tensor in a symmetric buffer: the same `offset` in every rank's block of `region`.
+struct SymmetricOperand {
+  SymmetricRegion* region = nullptr;
+  size_t offset = 0;
+  std::byte* at(int rank) const { return region->block(rank) + offset; }
+};
+
+void symmetric_all_reduce(const SymmetricContext& c, SymmetricOperand input,
+                          SymmetricOperand output, size_t count, DType dtype, ReduceOp op);
+// `count`: elements per rank (the output's); the input holds P * count, rank-major.
+void symmetric_reduce_scatter(const SymmetricContext& c, SymmetricOperand input,
+                              SymmetricOperand output, size_t count, DType dtype, ReduceOp op);
+// `count`: elements per rank (the input's); the output holds P * count, rank-major. An input
+// without a region means in place on every rank: rank p's input is its block p of the output.
+void symmetric_all_gather(const SymmetricContext& c, SymmetricOperand input,
+                          SymmetricOperand output, size_t count, DType dtype);
+// `input` is the root's (anywhere in its memory; ignored elsewhere); every rank passes `output`.
+void symmetric_broadcast(const SymmetricContext& c, const void* input, SymmetricOperand output,
+                         size_t count, DType dtype, int root);
+
+// The barrier the algorithms use (published for tests): every rank enters it once per call, in
+// the same order. With `check_call`, this rank's call is published first and compared with every
+// peer's once all have arrived. `phase` names it in errors ("enter", "leave").
+void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* phase);
+
+}  // namespace weft::collectives

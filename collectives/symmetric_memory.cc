@@ -1,0 +1,99 @@
+#include "collectives/symmetric_memory.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "weft/error.h"
+
+namespace weft::collectives {
+
+namespace {
+
+constexpr size_t kPage = 4096;
+size_t page_align(size_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+}  // namespace
+
+SymmetricLayout SymmetricLayout::of(int ranks, size_t bytes) {
+  SymmetricLayout layout;
+  layout.header = page_align(sizeof(SymmetricHeader) + sizeof(SymmetricSlot) * ranks);
+  // A block of 0 bytes still gets a page, so that every block has an address of its own.
+  layout.stride = page_align(std::max<size_t>(bytes, 1));
+  layout.total = layout.header + layout.stride * ranks;
+  return layout;
+}
+
+SymmetricRegion::SymmetricRegion(std::shared_ptr<void> mapping, std::byte* base, int rank, int size,
+                                 size_t bytes, uint64_t id, std::string group)
+    : group_(std::move(group)),
+      id_(id),
+      rank_(rank),
+      ranks_(size),
+      bytes_(bytes),
+      layout_(SymmetricLayout::of(size, bytes)),
+      base_(base),
+      mapping_(std::move(mapping)) {}
+
+void* SymmetricRegion::data() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return mapping_ ? block(rank_) : nullptr;
+}
+
+SymmetricSlot& SymmetricRegion::slot(int r) const {
+  return reinterpret_cast<SymmetricSlot*>(base_ + sizeof(SymmetricHeader))[r];
+}
+
+void SymmetricRegion::release() {
+  std::shared_ptr<void> mapping;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!users_.empty()) {
+      throw_error(ErrorCode::InvalidArgument,
+                  fmt::format("rank {}/{} group \"{}\" symmetric buffer #{} release", rank_, ranks_,
+                              group_, id_),
+                  fmt::format("still in use by {} (wait for their Work before releasing it)",
+                              fmt::join(users_, ", ")));
+    }
+    mapping = std::move(mapping_);
+  }
+  // Unmapped here, outside the lock (munmap of a large mapping takes a while).
+}
+
+std::shared_ptr<SymmetricRegion::Use> SymmetricRegion::use(
+    const std::shared_ptr<SymmetricRegion>& self, std::string what) {
+  std::lock_guard<std::mutex> lock(self->mutex_);
+  if (!self->mapping_) return nullptr;
+  self->users_.push_back(what);
+  return std::make_shared<Use>(self, std::move(what));
+}
+
+SymmetricRegion::Use::~Use() {
+  std::lock_guard<std::mutex> lock(region_->mutex_);
+  auto& users = region_->users_;
+  users.erase(std::find(users.begin(), users.end(), what_));
+}
+
+SymmetricMemory::Found SymmetricMemory::find(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Found found;
+  std::erase_if(regions_, [](const std::weak_ptr<SymmetricRegion>& r) { return r.expired(); });
+  for (const auto& weak : regions_) {
+    std::shared_ptr<SymmetricRegion> region = weak.lock();
+    if (!region) continue;
+    if (std::optional<size_t> offset = region->offset_of(p, bytes)) {
+      found.region = std::move(region);
+      found.offset = *offset;
+      break;
+    }
+  }
+  return found;
+}
+
+void SymmetricMemory::remember(const std::shared_ptr<SymmetricRegion>& region) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  regions_.push_back(region);
+}
+
+}  // namespace weft::collectives

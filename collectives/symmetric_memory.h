@@ -1,0 +1,172 @@
+// collectives/symmetric_memory.h: symmetric buffers as the zero-copy algorithms see them, and the
+// capability a transport offers when its ranks share memory.
+//
+// A SymmetricRegion is one symmetric buffer (weft/symmetric_buffer.h): one mapping per host that
+// holds a header page, then one block per rank, each `stride` bytes apart:
+//
+//   [SymmetricHeader, then SymmetricSlot of rank 0, 1, ... (128 bytes each)] page-aligned
+//   [block of rank 0][block of rank 1]...[block of rank P-1]                 each page-aligned
+//
+// Each rank's slot is written by that rank only and read by all: `arrived` counts the barriers it
+// has entered on this region; the words before it describe the collective it runs (SymmetricCall),
+// written before `arrived` is released, so that a peer which has seen the count also sees them.
+// Slots are 128 bytes apart, as ShmRing's counters (shm_ring.h), so that two ranks' arrivals never
+// share a cache line, nor an adjacent-line prefetch pair.
+//
+// Invariants:
+//   1. Every rank of the group runs the same barriers on a region in the same order (the group's
+//      collectives run in issue order on every rank), so the k-th barrier of every rank on a
+//      region has epoch k, and a rank waits for slot[p].arrived >= k.
+//   2. A slot's call words change only when its rank enters a collective's first barrier, which
+//      it can do only after every rank left the previous collective's last barrier; so after a
+//      rank sees slot[p].arrived >= k in a first barrier, p's call words stay put until it has
+//      entered the next barrier too.
+//   3. Block memory is written by a rank only between the first and last barrier of a collective,
+//      in the parts the algorithm assigns to it (collectives/symmetric.h); the barrier's release
+//      and acquire order those writes before the peers' reads.
+//
+// A SymmetricMemory is a transport's (transport.h, symmetric_memory()): it allocates regions
+// collectively, wakes and waits for peers (on the transport's doorbells, checking liveness as the
+// transport does) and finds the region a tensor lies in.
+//
+// Thread safety: regions and the registry may be used from any thread (the registry and each
+// region's use count lock); barriers run on the group's progress thread only.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "weft/symmetric_buffer.h"
+
+#include "collectives/transport.h"
+
+namespace weft::collectives {
+
+// What a rank says it runs in a collective's first barrier; peers compare it with theirs.
+struct SymmetricCall {
+  uint64_t seq = 0;
+  uint64_t shape = 0;   // kind, dtype, op and root, packed
+  uint64_t factor = 0;  // PremulSum's factor, bit for bit
+  uint64_t count = 0;
+  uint64_t in_region = 0, in_offset = 0;
+  uint64_t out_region = 0, out_offset = 0;
+  bool operator==(const SymmetricCall&) const = default;
+};
+
+struct alignas(128) SymmetricSlot {
+  SymmetricCall call;
+  std::atomic<uint64_t> arrived;
+};
+static_assert(sizeof(SymmetricSlot) == 128);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+struct alignas(128) SymmetricHeader {
+  uint64_t magic;
+  uint64_t ranks;
+  uint64_t block_bytes;
+  uint64_t stride;
+};
+
+inline constexpr uint64_t kSymmetricMagic = 0x7765667473796d31;  // "weftsym1"
+
+// The page-aligned layout of a region of `ranks` blocks of `bytes`.
+struct SymmetricLayout {
+  size_t header = 0;  // bytes before block 0
+  size_t stride = 0;  // bytes from one block to the next
+  size_t total = 0;   // the mapping's size
+  static SymmetricLayout of(int ranks, size_t bytes);
+};
+
+class SymmetricRegion final : public SymmetricBuffer {
+ public:
+  // `mapping` keeps the memory mapped (destroying it unmaps); `base` is its start, laid out as
+  // SymmetricLayout::of(size, bytes) with the header already formatted.
+  SymmetricRegion(std::shared_ptr<void> mapping, std::byte* base, int rank, int size, size_t bytes,
+                  uint64_t id, std::string group);
+
+  void* data() const override;
+  size_t size() const override { return bytes_; }
+  const std::string& group_name() const override { return group_; }
+  uint64_t id() const override { return id_; }
+  void release() override;
+
+  int rank() const { return rank_; }
+  int ranks() const { return ranks_; }
+  // Rank r's block as mapped in this process. REQUIRES: not released (the caller holds a Use).
+  std::byte* block(int r) const { return base_ + layout_.header + layout_.stride * r; }
+  SymmetricSlot& slot(int r) const;
+  // Barriers this rank has entered on the region (progress thread only).
+  uint64_t& epoch() { return epoch_; }
+
+  // Holds the region mapped for one collective: release() refuses while any Use lives.
+  class Use {
+   public:
+    Use(std::shared_ptr<SymmetricRegion> region, std::string what)
+        : region_(std::move(region)), what_(std::move(what)) {}
+    ~Use();
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    SymmetricRegion& region() const { return *region_; }
+
+   private:
+    std::shared_ptr<SymmetricRegion> region_;
+    std::string what_;
+  };
+  // A Use of `self`, or null when it was released. The caller names the collective in `what`.
+  static std::shared_ptr<Use> use(const std::shared_ptr<SymmetricRegion>& self, std::string what);
+
+ private:
+  const std::string group_;
+  const uint64_t id_;
+  const int rank_;
+  const int ranks_;
+  const size_t bytes_;
+  const SymmetricLayout layout_;
+  std::byte* const base_;
+  uint64_t epoch_ = 0;
+  mutable std::mutex mutex_;
+  std::shared_ptr<void> mapping_;   // guarded by mutex_; null once released
+  std::vector<std::string> users_;  // guarded by mutex_: the collectives holding a Use
+};
+
+class SymmetricMemory {
+ public:
+  virtual ~SymmetricMemory() = default;
+
+  // Collective over the group (every rank calls it, in the same order with other allocations):
+  // maps `bytes` per rank. Blocks at most until `deadline`. Throws Error(Io) when the memory
+  // cannot be made (a full /dev/shm), Timeout, PeerLost.
+  virtual std::shared_ptr<SymmetricRegion> allocate(size_t bytes, Clock::time_point deadline) = 0;
+
+  // Wakes every peer that may wait in wait_until() (after publishing an arrival).
+  virtual void wake_peers() = 0;
+  // Blocks until ready() returns true (true) or the deadline passes (false), sleeping in the
+  // kernel between wake-ups (a bounded spin first only while the host's ranks fit its cores).
+  // Throws Error(PeerLost) naming a peer found dead (checked at least every 50 ms), and
+  // Error(Aborted) after the transport's abort().
+  virtual bool wait_until(const std::function<bool()>& ready, Clock::time_point deadline) = 0;
+
+  // The live region of this group holding [p, p + bytes), with the offset of p in its block.
+  // Empty when none does; Error(InvalidArgument) when the range straddles a region's end.
+  struct Found {
+    std::shared_ptr<SymmetricRegion> region;
+    size_t offset = 0;
+  };
+  Found find(const void* p, size_t bytes);
+
+ protected:
+  // Adds a region allocate() made to what find() searches.
+  void remember(const std::shared_ptr<SymmetricRegion>& region);
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::weak_ptr<SymmetricRegion>> regions_;  // guarded by mutex_
+};
+
+}  // namespace weft::collectives

@@ -1,0 +1,654 @@
+// Symmetric buffers and zero-copy collectives (weft/symmetric_buffer.h, collectives/symmetric.h)
+// over the tcp backend's shared memory, on real processes: every dtype and op of all_reduce on 1
+// to 8 ranks at misaligned offsets, in and out of place, sizes 0 to several MiB; reduce_scatter,
+// all_gather and broadcast; two groups' buffers at once; and the failure rules: a tensor that
+// straddles a buffer's end, a buffer released while in use, ranks that disagree, a rank killed
+// with SIGKILL (PeerLost, and nothing left in /dev/shm), a group that cannot share memory.
+//
+// Every result is checked element by element against a reference computed here from a closed
+// form f(rank, i), never with weft's reduce code. Values are small multiples of 1/2 (floating
+// sums), {-1, 1/2, 1, 2} (products), so every result is exact in every dtype whatever order the
+// ranks reduce in; integers wrap as runtime/reduce.h specifies, computed here modulo 2^bits.
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "weft/half.h"
+#include "weft/process_group.h"
+#include "weft/symmetric_buffer.h"
+#include "weft/tcp_store.h"
+
+#include "tests/support/multiproc.h"
+
+namespace weft {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size,
+                                   milliseconds timeout = seconds(30),
+                                   std::map<std::string, std::string> settings = {}) {
+  ProcessGroupOptions options;
+  options.url = fmt::format("tcp://127.0.0.1:{}", port);
+  options.rank = rank;
+  options.world_size = size;
+  options.timeout = timeout;
+  options.backend = "tcp";
+  options.backend_settings = std::move(settings);
+  return init_process_group(options);
+}
+
+// ---- The reference.
+
+bool is_float(DType d) {
+  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
+}
+
+// Rank r's input element i, as a double (floating dtypes) or an integer (the others).
+double float_input(int r, size_t i, ReduceOp op) {
+  if (op == ReduceOp::Prod) {
+    static constexpr double kFactors[] = {-1.0, 0.5, 1.0, 2.0};
+    return kFactors[(r + i) % 4];
+  }
+  return (static_cast<double>((r * 7 + i * 3) % 11) - 5.0) * 0.5;
+}
+int64_t int_input(int r, size_t i, DType d, ReduceOp op) {
+  // A non-canonical true byte from rank 1 on: one rank's input is its result, copied as it is
+  // (the conformance suite's convention too).
+  if (d == DType::Bool) return (r + i) % 3 == 0 ? (r == 0 ? 1 : 2) : 0;
+  if (op == ReduceOp::Prod) return static_cast<int64_t>((r + i) % 3) + 1;
+  if (op == ReduceOp::BAnd || op == ReduceOp::BOr || op == ReduceOp::BXor) {
+    return static_cast<int64_t>((r * 2654435761u + i * 40503u) & 0xffffffffu) - 0x7fffffff;
+  }
+  const int64_t v = static_cast<int64_t>((r * 7 + i * 3) % 11);
+  return is_unsigned_integral(d) ? v : v - 5;
+}
+
+// Writes `value` (a double for floating dtypes, else an integer) as one element of `d` at p.
+void store_float(std::byte* p, DType d, double value) {
+  switch (d) {
+    case DType::Float32: {
+      const float f = static_cast<float>(value);
+      std::memcpy(p, &f, 4);
+      return;
+    }
+    case DType::Float64:
+      std::memcpy(p, &value, 8);
+      return;
+    case DType::Float16: {
+      const uint16_t h = float_to_half(static_cast<float>(value));
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    default: {
+      const uint16_t b = float_to_bf16(static_cast<float>(value));
+      std::memcpy(p, &b, 2);
+      return;
+    }
+  }
+}
+void store_int(std::byte* p, DType d, int64_t value) {
+  const uint64_t bits = static_cast<uint64_t>(value);
+  std::memcpy(p, &bits, dtype_size(d));  // little endian: the low bytes, i.e. modulo 2^bits
+}
+
+// Sign-extends (or not) the low bytes of `value` as `d` does: the wrapped value.
+int64_t wrap(int64_t value, DType d) {
+  switch (d) {
+    case DType::Int8:
+      return static_cast<int8_t>(value);
+    case DType::UInt8:
+      return static_cast<uint8_t>(value);
+    case DType::Int32:
+      return static_cast<int32_t>(value);
+    case DType::UInt32:
+      return static_cast<uint32_t>(value);
+    default:
+      return value;
+  }
+}
+
+// The reduction over `ranks` of element i, written as `d` into `out`.
+void reference(std::byte* out, DType d, ReduceOp op, int ranks, size_t i) {
+  if (is_float(d)) {
+    double acc = 0;
+    for (int r = 0; r < ranks; ++r) {
+      double v = float_input(r, i, op);
+      if (op == ReduceOp::PremulSum) v *= op.factor;
+      if (r == 0) {
+        acc = v;
+      } else if (op == ReduceOp::Prod) {
+        acc *= v;
+      } else if (op == ReduceOp::Min) {
+        acc = std::min(acc, v);
+      } else if (op == ReduceOp::Max) {
+        acc = std::max(acc, v);
+      } else {
+        acc += v;
+      }
+    }
+    if (op == ReduceOp::Avg) {
+      // IEEE division of the exact sum, rounded once in the dtype's arithmetic type.
+      acc = d == DType::Float64
+                ? acc / ranks
+                : static_cast<double>(static_cast<float>(acc) / static_cast<float>(ranks));
+    }
+    store_float(out, d, acc);
+    return;
+  }
+  if (d == DType::Bool) {
+    bool acc = false;
+    for (int r = 0; r < ranks; ++r) {
+      const bool v = int_input(r, i, d, op) != 0;
+      if (r == 0) {
+        acc = v;
+      } else if (op == ReduceOp::Prod || op == ReduceOp::Min || op == ReduceOp::BAnd) {
+        acc = acc && v;
+      } else if (op == ReduceOp::BXor) {
+        acc = acc != v;
+      } else {
+        acc = acc || v;
+      }
+    }
+    store_int(out, d, acc ? 1 : 0);
+    return;
+  }
+  const bool is_unsigned = is_unsigned_integral(d);
+  int64_t acc = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t v = wrap(int_input(r, i, d, op), d);
+    if (r == 0) {
+      acc = v;
+    } else if (op == ReduceOp::Prod) {
+      acc = wrap(static_cast<int64_t>(static_cast<uint64_t>(acc) * static_cast<uint64_t>(v)), d);
+    } else if (op == ReduceOp::Min) {
+      acc = is_unsigned ? static_cast<int64_t>(std::min<uint64_t>(acc, v)) : std::min(acc, v);
+    } else if (op == ReduceOp::Max) {
+      acc = is_unsigned ? static_cast<int64_t>(std::max<uint64_t>(acc, v)) : std::max(acc, v);
+    } else if (op == ReduceOp::BAnd) {
+      acc &= v;
+    } else if (op == ReduceOp::BOr) {
+      acc |= v;
+    } else if (op == ReduceOp::BXor) {
+      acc ^= v;
+    } else {
+      acc = wrap(static_cast<int64_t>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(v)), d);
+    }
+  }
+  if (op == ReduceOp::Avg) acc = acc / ranks;  // truncating toward zero; sums here never wrap
+  store_int(out, d, acc);
+}
+
+void fill_input(std::byte* p, DType d, ReduceOp op, int rank, size_t count) {
+  const size_t element = dtype_size(d);
+  for (size_t i = 0; i < count; ++i) {
+    if (is_float(d)) {
+      store_float(p + i * element, d, float_input(rank, i, op));
+    } else {
+      store_int(p + i * element, d, int_input(rank, i, d, op));
+    }
+  }
+}
+
+// The ops defined on `d` (runtime/reduce.h).
+std::vector<ReduceOp> ops_for(DType d) {
+  if (is_float(d)) {
+    return {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min,
+            ReduceOp::Max, ReduceOp::Avg,  ReduceOp::premul_sum(0.5)};
+  }
+  if (d == DType::Bool) {
+    return {ReduceOp::Sum,  ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max,
+            ReduceOp::BAnd, ReduceOp::BOr,  ReduceOp::BXor};
+  }
+  return {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max,
+          ReduceOp::Avg, ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor};
+}
+
+// Checks every element of `got` against the reference; throws naming the first wrong one.
+void check_reduced(const std::byte* got, DType d, ReduceOp op, int ranks, size_t count, int rank,
+                   const std::string& what) {
+  const size_t element = dtype_size(d);
+  std::byte want[8];
+  for (size_t i = 0; i < count; ++i) {
+    reference(want, d, op, ranks, i);
+    if (std::memcmp(got + i * element, want, element) != 0) {
+      uint64_t g = 0, w = 0;
+      std::memcpy(&g, got + i * element, element);
+      std::memcpy(&w, want, element);
+      RANK_CHECK(false, "rank {} {} {} {} count {}: element {} is {:#x}, expected {:#x}", rank,
+                 what, dtype_name(d), describe(op), count, i, g, w);
+    }
+  }
+}
+
+// A fresh job id per test, so that the /dev/shm check sees only this test's segments (other
+// tests and builds on the machine make their own).
+std::string unique_job(const char* what) {
+  return fmt::format("symtest{}{}{}", what, ::getpid(),
+                     Clock::now().time_since_epoch().count() % 1000000);
+}
+
+std::vector<std::string> shm_entries(const std::string& job) {
+  std::vector<std::string> found;
+  const std::string prefix = "weft-" + job + "-";
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (dirent* entry = ::readdir(dir)) {
+      if (std::string(entry->d_name).starts_with(prefix)) found.push_back(entry->d_name);
+    }
+    ::closedir(dir);
+  }
+  return found;
+}
+
+// ---- all_reduce, every dtype and op.
+
+void all_reduce_every_dtype_and_op(int ranks) {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(
+      ranks,
+      [&](int rank) {
+        auto pg = join(port, rank, ranks);
+        // 1000 elements at most (8 bytes each), twice (in and out), plus misalignment slack.
+        auto buffer = pg->allocate_symmetric(16 * 1024 + 64);
+        RANK_CHECK(buffer->size() == 16 * 1024 + 64);
+        RANK_CHECK(reinterpret_cast<uintptr_t>(buffer->data()) % 4096 == 0);
+        auto* base = static_cast<std::byte*>(buffer->data());
+        size_t round = 0;
+        for (DType d : kAllDTypes) {
+          const size_t element = dtype_size(d);
+          for (ReduceOp op : ops_for(d)) {
+            for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+              // Misaligned on odd rounds (an offset that is no multiple of the element), in place
+              // on every other one.
+              const size_t offset = round % 2 == 1 ? 3 : 8 * (round % 5);
+              const bool in_place = round % 4 < 2;
+              ++round;
+              std::byte* in = base + offset;
+              std::byte* out = in_place ? in : base + 8 * 1024 + offset;
+              fill_input(in, d, op, rank, count);
+              if (!in_place) std::memset(out, 0xa5, count * element);
+              Tensor input = buffer->view(d, offset, count);
+              Tensor output = buffer->view(d, static_cast<size_t>(out - base), count);
+              pg->all_reduce(input, output, op)->wait();
+              check_reduced(out, d, op, ranks, count, rank,
+                            in_place ? "all_reduce in place" : "all_reduce");
+              if (!in_place && count > 0) {
+                // Out of place leaves the input as it was.
+                std::vector<std::byte> again(count * element);
+                fill_input(again.data(), d, op, rank, count);
+                RANK_CHECK(std::memcmp(again.data(), in, again.size()) == 0,
+                           "rank {} {} {}: the input changed", rank, dtype_name(d), describe(op));
+              }
+            }
+          }
+        }
+      },
+      seconds(120));
+}
+
+TEST_CASE("symmetric all_reduce matches the reference for every dtype and op on 1 to 4 ranks",
+          "[symmetric][multiproc]") {
+  for (int ranks = 1; ranks <= 4; ++ranks) {
+    DYNAMIC_SECTION(ranks << " ranks") { all_reduce_every_dtype_and_op(ranks); }
+  }
+}
+
+TEST_CASE("symmetric all_reduce matches the reference for every dtype and op on 5 to 8 ranks",
+          "[symmetric][multiproc][slow]") {
+  for (int ranks = 5; ranks <= 8; ++ranks) {
+    DYNAMIC_SECTION(ranks << " ranks") { all_reduce_every_dtype_and_op(ranks); }
+  }
+}
+
+TEST_CASE("symmetric all_reduce of 4 MiB sums float32 and bfloat16 exactly on 2, 3 and 8 ranks",
+          "[symmetric][multiproc]") {
+  for (int ranks : {2, 3, 8}) {
+    DYNAMIC_SECTION(ranks << " ranks") {
+      const uint16_t port = test::free_port();
+      test::run_ranks_ok(
+          ranks,
+          [&](int rank) {
+            auto pg = join(port, rank, ranks);
+            const size_t count = (size_t{1} << 20) + 13;  // 4 MiB of float32, odd on purpose
+            auto buffer = pg->allocate_symmetric(count * 4 + 4);
+            for (DType d : {DType::Float32, DType::BFloat16}) {
+              for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+                auto* at = static_cast<std::byte*>(buffer->data()) + 2;  // misaligned
+                fill_input(at, d, op, rank, count);
+                pg->all_reduce(buffer->view(d, 2, count), op)->wait();
+                check_reduced(at, d, op, ranks, count, rank, "large all_reduce");
+              }
+            }
+          },
+          seconds(120));
+    }
+  }
+}
+
+// ---- The other zero-copy collectives.
+
+TEST_CASE("symmetric reduce_scatter, all_gather and broadcast match the reference on 1 to 5 ranks",
+          "[symmetric][multiproc]") {
+  for (int ranks = 1; ranks <= 5; ++ranks) {
+    DYNAMIC_SECTION(ranks << " ranks") {
+      const uint16_t port = test::free_port();
+      test::run_ranks_ok(ranks, [&](int rank) {
+        auto pg = join(port, rank, ranks);
+        const size_t n = 20000;  // per rank
+        auto buffer = pg->allocate_symmetric(2 * ranks * n * 8 + 64);
+        auto* base = static_cast<std::byte*>(buffer->data());
+        for (DType d : {DType::Float32, DType::Int64, DType::Float16, DType::UInt8}) {
+          const size_t element = dtype_size(d);
+          const size_t block = n * element;
+          for (bool in_place : {false, true}) {
+            // reduce_scatter: input P blocks at offset 1 (misaligned); rank r's block i is
+            // f(r, i) over the whole input.
+            for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+              const size_t in_at = 1;
+              fill_input(base + in_at, d, op, rank, ranks * n);
+              const size_t out_at = in_place ? in_at + rank * block : in_at + ranks * block + 7;
+              pg->reduce_scatter_tensor(buffer->view(d, out_at, n),
+                                        buffer->view(d, in_at, ranks * n), op)
+                  ->wait();
+              // The reference of element j of block `rank` is that of index rank * n + j.
+              std::byte want[8];
+              for (size_t j = 0; j < n; ++j) {
+                reference(want, d, op, ranks, rank * n + j);
+                RANK_CHECK(std::memcmp(base + out_at + j * element, want, element) == 0,
+                           "rank {} reduce_scatter {} {} in_place {} element {}", rank,
+                           dtype_name(d), describe(op), in_place, j);
+              }
+            }
+            // all_gather: rank r contributes f(r, i), i < n.
+            const size_t out_at = 5;
+            const size_t in_at = in_place ? out_at + rank * block : out_at + ranks * block + 3;
+            fill_input(base + in_at, d, ReduceOp::Sum, rank, n);
+            pg->all_gather_into_tensor(buffer->view(d, out_at, ranks * n),
+                                       buffer->view(d, in_at, n))
+                ->wait();
+            for (int r = 0; r < ranks; ++r) {
+              std::vector<std::byte> want(block);
+              fill_input(want.data(), d, ReduceOp::Sum, r, n);
+              RANK_CHECK(std::memcmp(base + out_at + r * block, want.data(), block) == 0,
+                         "rank {} all_gather {} in_place {}: block {} differs", rank, dtype_name(d),
+                         in_place, r);
+            }
+            // broadcast from the last rank: its input at offset 0 (in place) or from ordinary
+            // memory (out of place is spelled with the root's tensor outside the buffer).
+            const int root = ranks - 1;
+            std::vector<std::byte> ordinary(block);
+            std::byte* data = base + 9;
+            if (rank == root) {
+              fill_input(in_place ? data : ordinary.data(), d, ReduceOp::Sum, 1000, n);
+            } else {
+              std::memset(data, 0x5a, block);
+            }
+            if (rank == root && !in_place) {
+              // Out of place: the root copies its ordinary input in first (the group's API has
+              // no out-of-place broadcast), then broadcasts in place.
+              std::memcpy(data, ordinary.data(), block);
+            }
+            pg->broadcast(buffer->view(d, 9, n), root)->wait();
+            std::vector<std::byte> want(block);
+            fill_input(want.data(), d, ReduceOp::Sum, 1000, n);
+            RANK_CHECK(std::memcmp(data, want.data(), block) == 0, "rank {} broadcast {}", rank,
+                       dtype_name(d));
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("two groups' symmetric buffers are used at once, each with its own group",
+          "[symmetric][multiproc]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(4, [&](int rank) {
+    auto world = join(port, rank, 4);
+    auto pair = world->split(rank / 2, rank);  // {0, 1} and {2, 3}
+    auto a = world->allocate_symmetric(4096);
+    auto b = pair->allocate_symmetric(8192);
+    auto c = world->allocate_symmetric(4096);
+    RANK_CHECK(a->id() == 0 && b->id() == 0 && c->id() == 1);
+    RANK_CHECK(a->data() != b->data() && a->data() != c->data());
+    for (int round = 0; round < 20; ++round) {
+      auto* x = static_cast<int64_t*>(a->data());
+      auto* y = static_cast<int64_t*>(b->data());
+      auto* z = static_cast<int64_t*>(c->data());
+      for (int i = 0; i < 500; ++i) {
+        x[i] = rank * 1000 + i + round;
+        y[i] = rank * 10 + i;
+        z[i] = rank + round;
+      }
+      auto w1 = world->all_reduce(a->view<int64_t>(0, 500));
+      auto w2 = pair->all_reduce(b->view<int64_t>(0, 500));
+      auto w3 = world->all_reduce(c->view<int64_t>(0, 500), ReduceOp::Max);
+      w1->wait();
+      w2->wait();
+      w3->wait();
+      const int low = rank / 2 * 2;
+      for (int i = 0; i < 500; ++i) {
+        RANK_CHECK(x[i] == 6000 + 4 * (i + round), "rank {} x[{}] = {}", rank, i, x[i]);
+        RANK_CHECK(y[i] == (2 * low + 1) * 10 + 2 * i, "rank {} y[{}] = {}", rank, i, y[i]);
+        RANK_CHECK(z[i] == 3 + round, "rank {} z[{}] = {}", rank, i, z[i]);
+      }
+    }
+  });
+}
+
+// ---- Refusals and failures.
+
+TEST_CASE("a tensor that straddles a symmetric buffer's end is refused with InvalidArgument",
+          "[symmetric][multiproc]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    auto pg = join(port, rank, 2);
+    auto buffer = pg->allocate_symmetric(4000);
+    bool refused = false;
+    try {
+      buffer->view<float>(999, 2);  // [3996, 4004): past the end
+    } catch (const Error& e) {
+      refused = e.code() == ErrorCode::InvalidArgument;
+    }
+    RANK_CHECK(refused, "view past the end was not refused");
+    // A hand-made tensor that starts inside and ends past the buffer: the call fails.
+    Tensor straddling = Tensor::of(static_cast<float*>(buffer->data()) + 999, 2);
+    try {
+      pg->all_reduce(straddling)->wait();
+      RANK_CHECK(false, "all_reduce of a straddling tensor succeeded");
+    } catch (const Error& e) {
+      RANK_CHECK(e.code() == ErrorCode::InvalidArgument, "{}", e.what());
+      const std::string what = e.what();
+      RANK_CHECK(what.find("straddles") != std::string::npos, "{}", what);
+      RANK_CHECK(what.find(fmt::format("rank {}/2", rank)) != std::string::npos, "{}", what);
+    }
+    // The group goes on.
+    auto* f = static_cast<float*>(buffer->data());
+    f[0] = 1.0f + rank;
+    pg->all_reduce(buffer->view<float>(0, 1))->wait();
+    RANK_CHECK(f[0] == 3.0f, "{}", f[0]);
+  });
+}
+
+TEST_CASE("releasing a symmetric buffer while a collective uses it is refused, not a crash",
+          "[symmetric][multiproc]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    auto pg = join(port, rank, 2);
+    auto buffer = pg->allocate_symmetric(1 << 20);
+    auto* f = static_cast<float*>(buffer->data());
+    for (int i = 0; i < 1000; ++i) f[i] = static_cast<float>(rank + i);
+    if (rank == 1) std::this_thread::sleep_for(milliseconds(500));  // rank 0's call waits for it
+    auto work = pg->all_reduce(buffer->view<float>(0, 1000));
+    if (rank == 0) {
+      bool refused = false;
+      try {
+        buffer->release();
+      } catch (const Error& e) {
+        refused = e.code() == ErrorCode::InvalidArgument &&
+                  std::string(e.what()).find("all_reduce #1") != std::string::npos;
+        RANK_CHECK(refused, "{}", e.what());
+      }
+      RANK_CHECK(refused, "release() while in use was not refused");
+      RANK_CHECK(buffer->data() != nullptr);
+    }
+    if (rank == 0) {
+      // Dropping the handle while the collective runs keeps the memory mapped until it is done
+      // (rank 1 reads and writes rank 0's block meanwhile).
+      std::weak_ptr<SymmetricBuffer> weak = buffer;
+      buffer.reset();
+      RANK_CHECK(!weak.expired(), "the running all_reduce does not hold the buffer");
+      work->wait();
+      return;
+    }
+    work->wait();
+    for (int i = 0; i < 1000; ++i) {
+      RANK_CHECK(f[i] == static_cast<float>(1 + 2 * i), "rank {} f[{}] = {}", rank, i, f[i]);
+    }
+    buffer->release();
+    RANK_CHECK(buffer->data() == nullptr);
+    buffer->release();  // idempotent
+    bool refused = false;
+    try {
+      buffer->view<float>(0, 1);
+    } catch (const Error& e) {
+      refused = e.code() == ErrorCode::InvalidArgument;
+    }
+    RANK_CHECK(refused, "a view of a released buffer was not refused");
+  });
+}
+
+TEST_CASE("ranks whose tensors lie at different offsets fail with Desync naming the other",
+          "[symmetric][multiproc]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    auto pg = join(port, rank, 2);
+    auto buffer = pg->allocate_symmetric(4096);
+    try {
+      pg->all_reduce(buffer->view<float>(rank * 16, 10))->wait();
+      RANK_CHECK(false, "a mismatched all_reduce succeeded");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      RANK_CHECK(e.code() == ErrorCode::Desync, "{}", what);
+      RANK_CHECK(what.find(fmt::format("rank {} runs", 1 - rank)) != std::string::npos, "{}", what);
+      RANK_CHECK(what.find("all_reduce #1") != std::string::npos, "{}", what);
+    }
+  });
+}
+
+TEST_CASE(
+    "a rank that passes ordinary memory while the others pass symmetric memory makes them "
+    "time out at the group's deadline, naming it",
+    "[symmetric][multiproc]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    auto pg = join(port, rank, 2, seconds(2));
+    auto buffer = pg->allocate_symmetric(4096);
+    std::vector<float> ordinary(10, 1.0f);
+    Tensor t = rank == 0 ? buffer->view<float>(0, 10) : Tensor::of(ordinary.data(), 10);
+    const auto start = Clock::now();
+    try {
+      pg->all_reduce(t)->wait();
+      RANK_CHECK(false, "a mixed all_reduce succeeded");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      // Rank 0 times out in its barrier; rank 1 times out on its messages, or learns that rank
+      // 0's group broke first.
+      RANK_CHECK(e.code() == ErrorCode::Timeout || (rank == 1 && e.code() == ErrorCode::PeerLost),
+                 "{}", what);
+      RANK_CHECK(what.find(fmt::format("rank {}/2 group \"world\" all_reduce #1", rank)) !=
+                     std::string::npos,
+                 "{}", what);
+      if (rank == 0) {
+        RANK_CHECK(what.find("rank(s) 1 had not arrived") != std::string::npos, "{}", what);
+      }
+    }
+    const auto waited = Clock::now() - start;
+    RANK_CHECK(waited >= milliseconds(1900) && waited < seconds(10), "waited {} ms",
+               std::chrono::duration_cast<milliseconds>(waited).count());
+  });
+}
+
+TEST_CASE(
+    "killing a rank during a zero-copy all_reduce fails the others with PeerLost and leaves "
+    "nothing in /dev/shm",
+    "[symmetric][multiproc][faults]") {
+  const std::string job = unique_job("kill");
+  ::setenv("WEFT_JOB_ID", job.c_str(), 1);
+  const uint16_t port = test::free_port();
+  const int ranks = 3;
+  auto results = test::run_ranks(ranks, [&](int rank) {
+    auto pg = join(port, rank, ranks);
+    auto buffer = pg->allocate_symmetric(8 << 20);
+    auto* f = static_cast<float*>(buffer->data());
+    for (size_t i = 0; i < (2u << 20); ++i) f[i] = 1.0f;
+    pg->all_reduce(buffer->view<float>(0, 2u << 20))->wait();  // a first one that succeeds
+    RANK_CHECK(f[0] == 3.0f);
+    if (rank == 2) {
+      std::this_thread::sleep_for(milliseconds(300));  // the others wait in the barrier
+      ::raise(SIGKILL);
+    }
+    const auto start = Clock::now();
+    try {
+      pg->all_reduce(buffer->view<float>(0, 2u << 20))->wait();
+      RANK_CHECK(false, "rank {}: all_reduce succeeded without rank 2", rank);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      RANK_CHECK(e.code() == ErrorCode::PeerLost, "{}", what);
+      RANK_CHECK(what.find("rank 2") != std::string::npos, "{}", what);
+      RANK_CHECK(what.find("all_reduce #2") != std::string::npos, "{}", what);
+    }
+    RANK_CHECK(Clock::now() - start < seconds(5), "PeerLost took more than 5 s");
+    if (rank == 0) std::this_thread::sleep_for(milliseconds(1000));  // it hosts the store
+  });
+  ::unsetenv("WEFT_JOB_ID");
+  for (const auto& r : results) {
+    if (r.rank == 2) {
+      CHECK(r.signal == SIGKILL);
+    } else {
+      INFO(test::describe_failures(results));
+      CHECK(r.exit_code == 0);
+    }
+  }
+  const std::vector<std::string> left = shm_entries(job);
+  INFO(fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
+  CHECK(left.empty());
+}
+
+TEST_CASE("a group without shared memory refuses allocate_symmetric with Unsupported saying why",
+          "[symmetric][multiproc]") {
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    auto pg = join(port, rank, 2, seconds(30), {{"shm", "0"}});
+    try {
+      pg->allocate_symmetric(4096);
+      RANK_CHECK(false, "allocate_symmetric succeeded over TCP");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      RANK_CHECK(e.code() == ErrorCode::Unsupported, "{}", what);
+      RANK_CHECK(what.find(fmt::format("rank {}/2 group \"world\" allocate_symmetric", rank)) !=
+                     std::string::npos,
+                 "{}", what);
+      RANK_CHECK(what.find("shared memory is off") != std::string::npos, "{}", what);
+    }
+    // Collectives go on over TCP.
+    int64_t x = rank + 1;
+    pg->all_reduce(Tensor::of(&x, 1))->wait();
+    RANK_CHECK(x == 3);
+  });
+}
+
+}  // namespace
+}  // namespace weft
