@@ -83,10 +83,15 @@ class RingPhase {
           recvs[segment] = inflight_.recv(left, into, count * element_, tag);
         }
       };
-      if (n > 0) post_recv(0);
+      // A copy phase posts every segment's receive at once (each lands in its final place, and a
+      // transport that pulls the data, as UCX's rendezvous does, then has them all in flight); a
+      // reduce phase keeps one ahead, so that what is reduced is still in cache.
+      const size_t ahead = reduce ? 1 : n;
+      size_t posted = 0;
+      while (posted < std::min(n, ahead)) post_recv(posted++);
       if (step == 0 && after_posting) after_posting();
       for (size_t segment = 0; segment < n; ++segment) {
-        if (segment + 1 < n) post_recv(segment + 1);  // in flight while this one is reduced
+        if (posted < n && posted <= segment + ahead) post_recv(posted++);  // in flight meanwhile
         inflight_.wait(recvs[segment], phase, step, steps);
         // Chunk `chunk` is the one step+1 sends: forward this segment now.
         if (step + 1 < steps) {
