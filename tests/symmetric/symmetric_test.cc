@@ -1,9 +1,10 @@
 // Symmetric buffers and zero-copy collectives (weft/symmetric_buffer.h, collectives/symmetric.h)
 // over the tcp backend's shared memory, on real processes: every dtype and op of all_reduce on 1
-// to 8 ranks at misaligned offsets, in and out of place, sizes 0 to several MiB; reduce_scatter,
-// all_gather and broadcast; two groups' buffers at once; and the failure rules: a tensor that
-// straddles a buffer's end, a buffer released while in use, ranks that disagree, a rank killed
-// with SIGKILL (PeerLost, and nothing left in /dev/shm), a group that cannot share memory.
+// to 8 ranks at offsets off the 8-byte and cache-line grid, in and out of place, sizes 0 to several
+// MiB; reduce_scatter, all_gather and broadcast; two groups' buffers at once; and the failure
+// rules: a tensor that straddles a buffer's end, a buffer released while in use, ranks that
+// disagree, a rank killed with SIGKILL (PeerLost, and nothing left in /dev/shm), a group that
+// cannot share memory.
 //
 // Every result is checked element by element against a reference computed here from a closed
 // form f(rank, i), never with weft's reduce code. Values are small multiples of 1/2 (floating
@@ -270,9 +271,9 @@ void all_reduce_every_dtype_and_op(int ranks) {
           const size_t element = dtype_size(d);
           for (ReduceOp op : ops_for(d)) {
             for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
-              // Misaligned on odd rounds (an offset that is no multiple of the element), in place
-              // on every other one.
-              const size_t offset = round % 2 == 1 ? 3 : 8 * (round % 5);
+              // Off the 8-byte and line grid on odd rounds (3 elements in: the reduce kernels
+              // need element alignment only, as C++ does), in place on every other one.
+              const size_t offset = round % 2 == 1 ? 3 * element : 8 * (round % 5);
               const bool in_place = round % 4 < 2;
               ++round;
               std::byte* in = base + offset;
@@ -325,9 +326,9 @@ TEST_CASE("symmetric all_reduce of 4 MiB sums float32 and bfloat16 exactly on 2,
             auto buffer = pg->allocate_symmetric(count * 4 + 4);
             for (DType d : {DType::Float32, DType::BFloat16}) {
               for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
-                auto* at = static_cast<std::byte*>(buffer->data()) + 2;  // misaligned
+                auto* at = static_cast<std::byte*>(buffer->data()) + 4;  // off the 8-byte grid
                 fill_input(at, d, op, rank, count);
-                pg->all_reduce(buffer->view(d, 2, count), op)->wait();
+                pg->all_reduce(buffer->view(d, 4, count), op)->wait();
                 check_reduced(at, d, op, ranks, count, rank, "large all_reduce");
               }
             }
@@ -353,12 +354,13 @@ TEST_CASE("symmetric reduce_scatter, all_gather and broadcast match the referenc
           const size_t element = dtype_size(d);
           const size_t block = n * element;
           for (bool in_place : {false, true}) {
-            // reduce_scatter: input P blocks at offset 1 (misaligned); rank r's block i is
-            // f(r, i) over the whole input.
+            // reduce_scatter: input P blocks one element in (off the 8-byte grid for the narrow
+            // types); rank r's block i is f(r, i) over the whole input.
             for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
-              const size_t in_at = 1;
+              const size_t in_at = element;
               fill_input(base + in_at, d, op, rank, ranks * n);
-              const size_t out_at = in_place ? in_at + rank * block : in_at + ranks * block + 7;
+              const size_t out_at =
+                  in_place ? in_at + rank * block : in_at + ranks * block + 7 * element;
               pg->reduce_scatter_tensor(buffer->view(d, out_at, n),
                                         buffer->view(d, in_at, ranks * n), op)
                   ->wait();
@@ -372,8 +374,9 @@ TEST_CASE("symmetric reduce_scatter, all_gather and broadcast match the referenc
               }
             }
             // all_gather: rank r contributes f(r, i), i < n.
-            const size_t out_at = 5;
-            const size_t in_at = in_place ? out_at + rank * block : out_at + ranks * block + 3;
+            const size_t out_at = 5 * element;
+            const size_t in_at =
+                in_place ? out_at + rank * block : out_at + ranks * block + 3 * element;
             fill_input(base + in_at, d, ReduceOp::Sum, rank, n);
             pg->all_gather_into_tensor(buffer->view(d, out_at, ranks * n),
                                        buffer->view(d, in_at, n))
@@ -389,7 +392,8 @@ TEST_CASE("symmetric reduce_scatter, all_gather and broadcast match the referenc
             // memory (out of place is spelled with the root's tensor outside the buffer).
             const int root = ranks - 1;
             std::vector<std::byte> ordinary(block);
-            std::byte* data = base + 9;
+            const size_t data_at = 9 * element;
+            std::byte* data = base + data_at;
             if (rank == root) {
               fill_input(in_place ? data : ordinary.data(), d, ReduceOp::Sum, 1000, n);
             } else {
@@ -400,7 +404,7 @@ TEST_CASE("symmetric reduce_scatter, all_gather and broadcast match the referenc
               // no out-of-place broadcast), then broadcasts in place.
               std::memcpy(data, ordinary.data(), block);
             }
-            pg->broadcast(buffer->view(d, 9, n), root)->wait();
+            pg->broadcast(buffer->view(d, data_at, n), root)->wait();
             std::vector<std::byte> want(block);
             fill_input(want.data(), d, ReduceOp::Sum, 1000, n);
             RANK_CHECK(std::memcmp(data, want.data(), block) == 0, "rank {} broadcast {}", rank,
