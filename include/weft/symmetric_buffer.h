@@ -53,7 +53,8 @@ class SymmetricBuffer {
 
   // `count` elements of `dtype` starting `offset_bytes` into this rank's block. Throws
   // Error(InvalidArgument) when the range does not lie inside the buffer or it was released.
-  // Any offset is allowed; an offset that is a multiple of the dtype's size is faster.
+  // Give offsets that are multiples of the dtype's size: the reduce kernels, as C++ does, read
+  // elements at their alignment (as with any other Tensor).
   Tensor view(DType dtype, size_t offset_bytes, size_t count) const;
   // view() in elements of T: view<float>(i, n) is floats [i, i + n).
   template <typename T>
