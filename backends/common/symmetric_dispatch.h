@@ -34,7 +34,8 @@ struct SymmetricPlan {
 };
 
 // The zero-copy plan of `c`, or nullopt for the message path. Throws Error(InvalidArgument) with
-// `context` when a tensor starts inside a symmetric buffer and runs past its end.
+// `context` when any tensor of `c` (whatever its kind, zero-copy or not) starts inside a symmetric
+// buffer and runs past its end.
 std::optional<SymmetricPlan> plan_symmetric(collectives::SymmetricMemory* memory,
                                             const Collective& c, const ErrorContext& context);
 

@@ -478,6 +478,18 @@ TEST_CASE("a tensor that straddles a symmetric buffer's end is refused with Inva
       RANK_CHECK(what.find("straddles") != std::string::npos, "{}", what);
       RANK_CHECK(what.find(fmt::format("rank {}/2", rank)) != std::string::npos, "{}", what);
     }
+    // The message path too (reduce has no zero-copy path): it would read past the mapping.
+    try {
+      pg->reduce(straddling, 0)->wait();
+      RANK_CHECK(false, "reduce of a straddling tensor succeeded");
+    } catch (const Error& e) {
+      RANK_CHECK(e.code() == ErrorCode::InvalidArgument, "{}", e.what());
+      const std::string what = e.what();
+      RANK_CHECK(what.find("straddles") != std::string::npos, "{}", what);
+      RANK_CHECK(
+          what.find(fmt::format("rank {}/2 group \"world\" reduce", rank)) != std::string::npos,
+          "{}", what);
+    }
     // The group goes on.
     auto* f = static_cast<float*>(buffer->data());
     f[0] = 1.0f + rank;
