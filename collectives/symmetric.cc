@@ -82,7 +82,16 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
     return true;
   };
   const auto started = Clock::now();
-  if (!c.memory.wait_until(all_arrived, c.ctx.deadline)) {
+  bool arrived = false;
+  try {
+    arrived = c.memory.wait_until(all_arrived, c.ctx.deadline);
+  } catch (const Error& e) {
+    // PeerLost or Aborted from the transport's liveness check: say where, as the message path's
+    // "ring all_reduce reduce-scatter step 3/6: ..." does.
+    throw Error(e.code(), fmt::format("symmetric barrier ({}) on buffer #{}: {}", phase,
+                                      region.id(), e.what()));
+  }
+  if (!arrived) {
     std::vector<int> absent;
     for (int p = 0; p < ranks; ++p) {
       if (region.slot(p).arrived.load(std::memory_order_acquire) < epoch) absent.push_back(p);

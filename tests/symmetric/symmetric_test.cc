@@ -3,8 +3,8 @@
 // to 8 ranks at offsets off the 8-byte and cache-line grid, in and out of place, sizes 0 to several
 // MiB; reduce_scatter, all_gather and broadcast; two groups' buffers at once; and the failure
 // rules: a tensor that straddles a buffer's end, a buffer released while in use, ranks that
-// disagree, a rank killed with SIGKILL (PeerLost, and nothing left in /dev/shm), a group that
-// cannot share memory.
+// disagree, a rank killed with SIGKILL before it posts and one killed mid-reduction (PeerLost
+// within 5 s, and nothing left in /dev/shm), a group that cannot share memory.
 //
 // Every result is checked element by element against a reference computed here from a closed
 // form f(rank, i), never with weft's reduce code. Values are small multiples of 1/2 (floating
@@ -12,12 +12,16 @@
 // ranks reduce in; integers wrap as runtime/reduce.h specifies, computed here modulo 2^bits.
 #include <dirent.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -641,6 +645,110 @@ TEST_CASE(
   const std::vector<std::string> left = shm_entries(job);
   INFO(fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
   CHECK(left.empty());
+}
+
+// What the killed rank leaves for the parent and the survivors, in memory shared across the fork:
+// steady_clock is CLOCK_MONOTONIC, one clock for every process on the host.
+struct KillRecord {
+  std::atomic<int64_t> killed_at{0};  // steady_clock nanoseconds just before raise(SIGKILL)
+  std::atomic<uint64_t> entered{0};   // the killed rank's all_reduces begun (1, 2, ...)
+  std::atomic<int64_t> delay_ms{0};   // the random delay it was killed after
+};
+
+TEST_CASE(
+    "killing a rank in the middle of zero-copy all_reduces fails the others with PeerLost within "
+    "5 s and leaves nothing in /dev/shm",
+    "[symmetric][multiproc][faults]") {
+  // Large all_reduces back to back (32 MiB of floats on 3 ranks: about 10 ms each here, nearly
+  // all of it the reduction and copies out), and rank 2 killed by a thread after a random delay:
+  // it dies inside one of them, almost always while the others reduce their slices or wait in the
+  // second barrier (the barriers themselves take microseconds).
+  void* shared = ::mmap(nullptr, sizeof(KillRecord), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(shared != MAP_FAILED);
+  auto* record = new (shared) KillRecord;
+  const std::string job = unique_job("midkill");
+  ::setenv("WEFT_JOB_ID", job.c_str(), 1);
+  const uint16_t port = test::free_port();
+  const int ranks = 3;
+  const size_t count = size_t{8} << 20;
+  auto results = test::run_ranks(
+      ranks,
+      [&](int rank) {
+        auto pg = join(port, rank, ranks);
+        auto buffer = pg->allocate_symmetric(2 * count * sizeof(float));
+        auto* in = static_cast<float*>(buffer->data());
+        float* out = in + count;
+        for (size_t i = 0; i < count; ++i) in[i] = 1.0f;
+        const Tensor input = buffer->view<float>(0, count);
+        const Tensor output = buffer->view<float>(count, count);
+        const auto start = Clock::now();
+        uint64_t completed = 0;
+        while (Clock::now() - start < seconds(20)) {
+          if (rank == 2) record->entered = completed + 1;
+          try {
+            pg->all_reduce(input, output)->wait();
+          } catch (const Error& e) {
+            const auto failed = Clock::now();
+            const std::string what = e.what();
+            RANK_CHECK(rank != 2, "rank 2 failed before it was killed: {}", what);
+            RANK_CHECK(e.code() == ErrorCode::PeerLost, "{}", what);
+            RANK_CHECK(what.find("rank 2") != std::string::npos, "{}", what);
+            // Where this rank waited: the second barrier when rank 2 died reducing; the next
+            // call's first when it died waiting in its second, after arriving there.
+            RANK_CHECK(what.find("symmetric barrier (leave)") != std::string::npos ||
+                           what.find("symmetric barrier (enter)") != std::string::npos,
+                       "{}", what);
+            RANK_CHECK(what.find(fmt::format("rank {}/3 group \"world\" all_reduce #", rank)) !=
+                           std::string::npos,
+                       "{}", what);
+            const int64_t killed_at = record->killed_at;
+            RANK_CHECK(killed_at != 0, "failed before rank 2 was killed: {}", what);
+            const auto after = failed.time_since_epoch() - Clock::duration(killed_at);
+            RANK_CHECK(after < seconds(5), "PeerLost {} ms after the kill: {}",
+                       std::chrono::duration_cast<milliseconds>(after).count(), what);
+            // Rank 2 died inside the call this rank fails in, or (in the instant between two)
+            // just before entering it.
+            const uint64_t theirs = record->entered;
+            RANK_CHECK(completed + 1 == theirs || completed == theirs,
+                       "this rank failed in all_reduce {}, rank 2 died in {}", completed + 1,
+                       theirs);
+            if (rank == 0) std::this_thread::sleep_for(milliseconds(1000));  // hosts the store
+            return;
+          }
+          ++completed;
+          // Rank 2 is killed a random delay after its first call, when every rank is in the loop.
+          if (rank == 2 && completed == 1) {
+            std::thread([record] {
+              std::random_device seed;
+              const int64_t delay = 20 + seed() % 100;
+              record->delay_ms = delay;
+              std::this_thread::sleep_for(milliseconds(delay));
+              record->killed_at = Clock::now().time_since_epoch().count();
+              ::raise(SIGKILL);
+            }).detach();
+          }
+          RANK_CHECK(out[0] == 3.0f && out[count - 1] == 3.0f, "rank {} call {}: {} {}", rank,
+                     completed, out[0], out[count - 1]);
+        }
+        RANK_CHECK(false, "rank {}: {} all_reduces in 20 s and no PeerLost", rank, completed);
+      },
+      seconds(60));
+  ::unsetenv("WEFT_JOB_ID");
+  INFO(fmt::format("rank 2 killed after {} ms, in all_reduce {}\n{}", record->delay_ms.load(),
+                   record->entered.load(), test::describe_failures(results)));
+  for (const auto& r : results) {
+    if (r.rank == 2) {
+      CHECK(r.signal == SIGKILL);
+    } else {
+      CHECK(r.exit_code == 0);
+    }
+  }
+  CHECK(record->entered.load() > 1);  // it died mid-loop, not in the first call
+  const std::vector<std::string> left = shm_entries(job);
+  INFO(fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
+  CHECK(left.empty());
+  ::munmap(shared, sizeof(KillRecord));
 }
 
 TEST_CASE("a group without shared memory refuses allocate_symmetric with Unsupported saying why",
