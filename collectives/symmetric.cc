@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -108,6 +109,11 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
   for (int p = 0; p < ranks; ++p) {
     const SymmetricCall& theirs = region.slot(p).call;
     if (theirs == c.call) continue;
+    if (c.root_output) {
+      SymmetricCall a = theirs, b = c.call;
+      a.out_region = a.out_offset = b.out_region = b.out_offset = 0;
+      if (a == b) continue;
+    }
     throw Error(ErrorCode::Desync,
                 fmt::format("symmetric barrier ({}) on buffer #{}: Desync: rank {} runs {}; this "
                             "rank runs {} (every rank must pass the same call, with its tensors "
@@ -132,6 +138,40 @@ void symmetric_all_reduce(const SymmetricContext& c, SymmetricOperand input,
     std::byte* acc = scratch.data();
     reduce_piece(input, at, n, ranks, dtype, op, acc, acc + piece * element);
     for (int p = 0; p < ranks; ++p) std::memcpy(output.at(p) + at, acc, n * element);
+  }
+  symmetric_barrier(c, false, "leave");
+}
+
+void symmetric_reduce(const SymmetricContext& c, SymmetricOperand input, void* output, size_t count,
+                      DType dtype, ReduceOp op, int root) {
+  reduce::check_supported(dtype, op);
+  const size_t element = dtype_size(dtype);
+  SymmetricRegion& region = c.anchor;
+  const int ranks = region.ranks();
+  const int rank = region.rank();
+  const size_t chunk = std::max<size_t>(1, kChunkBytes / element);
+  // Sized for the larger share (the root alone reduces everything) before the barrier, as the
+  // others do: allocation may fail, and must not fail after peers counted on this rank.
+  const size_t piece = std::min(chunk, count);
+  detail::Scratch scratch(c.ctx, piece * element * (reduce::needs_premultiply(op) ? 2 : 1));
+  symmetric_barrier(c, true, "enter");
+  // The root's call, published before its arrival (invariant 2), names its output when it lies
+  // in the inputs' region.
+  const SymmetricCall& roots = region.slot(root).call;
+  const bool shared = roots.out_region != 0 && roots.out_region == roots.in_region;
+  std::byte* out = shared ? region.block(root) + roots.out_offset : static_cast<std::byte*>(output);
+  size_t begin = 0, end = 0;
+  if (shared) {
+    std::tie(begin, end) = slice_of(count, element, rank, ranks);
+  } else if (rank == root) {
+    end = count;
+  }
+  for (size_t first = begin; first < end; first += chunk) {
+    const size_t n = std::min(chunk, end - first);
+    const size_t at = first * element;
+    std::byte* acc = scratch.data();
+    reduce_piece(input, at, n, ranks, dtype, op, acc, acc + piece * element);
+    std::memcpy(out + at, acc, n * element);
   }
   symmetric_barrier(c, false, "leave");
 }

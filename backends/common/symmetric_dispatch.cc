@@ -51,8 +51,11 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
     for (const Tensor& t : *tensors) find(t);
   }
   bool needs_input = true;
+  // Reduce: only the root has an output, so every rank decides from its input alone.
+  const bool reduce = c.kind == CollectiveKind::Reduce;
   switch (c.kind) {
     case CollectiveKind::AllReduce:
+    case CollectiveKind::Reduce:
       break;
     case CollectiveKind::AllGather:
     case CollectiveKind::ReduceScatter:
@@ -64,11 +67,15 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
     default:
       return std::nullopt;
   }
-  if (c.outputs.size() != 1 || (needs_input && c.inputs.size() != 1)) return std::nullopt;
-  SymmetricMemory::Found out = find(c.outputs[0]);
+  if ((reduce ? c.outputs.size() > 1 : c.outputs.size() != 1) ||
+      (needs_input && c.inputs.size() != 1)) {
+    return std::nullopt;
+  }
+  SymmetricMemory::Found out;
+  if (!c.outputs.empty()) out = find(c.outputs[0]);
   SymmetricMemory::Found in;
   if (needs_input) in = find(c.inputs[0]);
-  if (!out.region || (needs_input && !in.region)) return std::nullopt;
+  if ((!reduce && !out.region) || (needs_input && !in.region)) return std::nullopt;
 
   SymmetricPlan plan;
   const std::string user = fmt::format("{} #{}", collective_name(c.kind), c.seq);
@@ -81,23 +88,29 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
     }
     plan.uses.push_back(std::move(use));
   }
-  plan.output = SymmetricOperand{out.region.get(), out.offset};
+  if (out.region) plan.output = SymmetricOperand{out.region.get(), out.offset};
   if (needs_input) plan.input = SymmetricOperand{in.region.get(), in.offset};
   plan.anchor = needs_input ? in.region.get() : out.region.get();
 
   const Tensor& any = needs_input ? c.inputs[0] : c.outputs[0];
+  plan.root_output = reduce;
   plan.call.seq = c.seq;
   plan.call.shape = static_cast<uint64_t>(c.kind) | static_cast<uint64_t>(any.dtype) << 8 |
                     static_cast<uint64_t>(c.op.kind) << 16 |
                     static_cast<uint64_t>(static_cast<uint32_t>(c.root)) << 32;
   plan.call.factor = c.op.kind == ReduceOp::PremulSum ? std::bit_cast<uint64_t>(c.op.factor) : 0;
-  plan.call.count = c.outputs[0].count;
+  plan.call.count = any.count;
   if (needs_input) {
     plan.call.in_region = in.region->id() + 1;  // 0: none
     plan.call.in_offset = in.offset;
   }
-  plan.call.out_region = out.region->id() + 1;
-  plan.call.out_offset = out.offset;
+  // Reduce: the root's output is named only when it lies in the inputs' buffer, where the peers
+  // can write their slices of it; elsewhere (another buffer, ordinary memory) the root reduces
+  // alone (out_region 0).
+  if (out.region && (!reduce || out.region == in.region)) {
+    plan.call.out_region = out.region->id() + 1;
+    plan.call.out_offset = out.offset;
+  }
   if (c.kind == CollectiveKind::ReduceScatter) {
     // Peers never touch this rank's output: in place or not, each rank's is its own business.
     plan.call.out_region = plan.call.out_offset = 0;
@@ -119,7 +132,12 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
 void run_symmetric(const Collective& c, const collectives::Context& ctx, SymmetricMemory& memory,
                    const SymmetricPlan& plan) {
   note_algorithm(c.trace, "symmetric");
-  collectives::SymmetricContext sc{ctx, memory, *plan.anchor, plan.call};
+  collectives::SymmetricContext sc{ctx, memory, *plan.anchor, plan.call, plan.root_output};
+  if (c.kind == CollectiveKind::Reduce) {
+    collectives::symmetric_reduce(sc, plan.input, c.outputs.empty() ? nullptr : c.outputs[0].data,
+                                  c.inputs[0].count, c.inputs[0].dtype, c.op, c.root);
+    return;
+  }
   const Tensor& out = c.outputs[0];
   switch (c.kind) {
     case CollectiveKind::AllReduce:
@@ -138,6 +156,7 @@ void run_symmetric(const Collective& c, const collectives::Context& ctx, Symmetr
       collectives::symmetric_broadcast(sc, c.inputs.empty() ? nullptr : c.inputs[0].data,
                                        plan.output, out.count, out.dtype, c.root);
       return;
+
     default:
       break;
   }

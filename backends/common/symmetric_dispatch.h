@@ -3,12 +3,13 @@
 //
 // plan_symmetric() decides, on the posting thread, from this rank's tensors alone: all_reduce,
 // reduce_scatter and all_gather (equal blocks) whose input and output both lie in symmetric
-// buffers of the group, and broadcast whose output does (the root's input may lie anywhere), run
-// zero-copy; everything else, and any collective inside a coalesced unit, takes the message path.
-// Every rank decides alike when the program passes the same kind of memory on every rank; where
-// it does not, the ranks that went zero-copy time out in their barrier naming the others, and the
-// others time out on their messages. The plan holds a use of each buffer, so a buffer cannot be
-// released (and stays mapped if its handle goes) until the collective is over.
+// buffers of the group, broadcast whose output does (the root's input may lie anywhere), and
+// reduce whose input does (the root's output may lie anywhere), run zero-copy; everything else, and
+// any collective inside a coalesced unit, takes the message path. Every rank decides alike when the
+// program passes the same kind of memory on every rank; where it does not, the ranks that went
+// zero-copy time out in their barrier naming the others, and the others time out on their messages.
+// The plan holds a use of each buffer, so a buffer cannot be released (and stays mapped if its
+// handle goes) until the collective is over.
 //
 // Thread safety: plan_symmetric() from any thread; run_symmetric() on the progress thread.
 #pragma once
@@ -30,7 +31,8 @@ struct SymmetricPlan {
   collectives::SymmetricOperand output;
   collectives::SymmetricRegion* anchor = nullptr;
   collectives::SymmetricCall call;
-  bool in_place = false;  // all_gather: every rank's input is its block of the output
+  bool in_place = false;     // all_gather: every rank's input is its block of the output
+  bool root_output = false;  // reduce: only the root's call names the output (SymmetricContext)
 };
 
 // The zero-copy plan of `c`, or nullopt for the message path. Throws Error(InvalidArgument) with

@@ -420,6 +420,71 @@ TEST_CASE("symmetric reduce_scatter, all_gather and broadcast match the referenc
   }
 }
 
+// reduce, every dtype and op, roots turning: the root's output in the inputs' buffer (each rank
+// writes its slice of it), in place, and in ordinary memory (the root reduces alone); off the
+// 8-byte grid on every other round. Off the root nothing but the input is passed, and nothing in
+// the buffer but the inputs is touched.
+TEST_CASE("symmetric reduce matches the reference for every dtype, op and root on 1 to 5 ranks",
+          "[symmetric][multiproc]") {
+  for (int ranks = 1; ranks <= 5; ++ranks) {
+    DYNAMIC_SECTION(ranks << " ranks") {
+      const uint16_t port = test::free_port();
+      test::run_ranks_ok(ranks, [&](int rank) {
+        auto pg = join(port, rank, ranks);
+        auto buffer = pg->allocate_symmetric(2 * 20000 * 8 + 64);
+        auto* base = static_cast<std::byte*>(buffer->data());
+        size_t round = 0;
+        for (DType d : kAllDTypes) {
+          const size_t element = dtype_size(d);
+          for (ReduceOp op : ops_for(d)) {
+            for (size_t count : {size_t{0}, size_t{7}, size_t{1000}, size_t{20000}}) {
+              const int root = static_cast<int>(round % ranks);
+              const int placement = static_cast<int>(round % 3);  // buffer, in place, ordinary
+              const size_t in_at = round % 2 == 1 ? 3 * element : 0;
+              ++round;
+              const size_t out_at = 20000 * 8 + in_at;
+              std::byte* in = base + in_at;
+              fill_input(in, d, op, rank, count);
+              std::memset(base + out_at, 0xa5, count * element);
+              std::vector<std::byte> ordinary(count * element, std::byte{0xa5});
+              const Tensor input = buffer->view(d, in_at, count);
+              const std::string what = fmt::format("reduce root {} placement {}", root, placement);
+              if (placement == 1) {
+                pg->reduce(input, root, op)->wait();
+              } else {
+                const Tensor output = placement == 0
+                                          ? buffer->view(d, out_at, count)
+                                          : Tensor{ordinary.data(), count, d, Device::cpu()};
+                pg->reduce(input, output, root, op)->wait();
+              }
+              const std::byte* out = placement == 0   ? base + out_at
+                                     : placement == 1 ? in
+                                                      : ordinary.data();
+              if (rank == root) {
+                check_reduced(out, d, op, ranks, count, rank, what);
+              }
+              if (rank != root || placement != 1) {
+                std::vector<std::byte> again(count * element);
+                fill_input(again.data(), d, op, rank, count);
+                RANK_CHECK(std::memcmp(again.data(), in, again.size()) == 0,
+                           "rank {} {} {} {}: the input changed", rank, what, dtype_name(d),
+                           describe(op));
+              }
+              if (rank != root || placement != 0) {
+                for (size_t i = 0; i < count * element; ++i) {
+                  RANK_CHECK(base[out_at + i] == std::byte{0xa5},
+                             "rank {} {} {} {}: byte {} after the inputs was written", rank, what,
+                             dtype_name(d), describe(op), i);
+                }
+              }
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
 TEST_CASE("two groups' symmetric buffers are used at once, each with its own group",
           "[symmetric][multiproc]") {
   const uint16_t port = test::free_port();
