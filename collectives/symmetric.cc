@@ -114,6 +114,7 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
       a.out_region = a.out_offset = b.out_region = b.out_offset = 0;
       if (a == b) continue;
     }
+    if (c.negotiate && theirs.seq == c.call.seq && theirs.shape == c.call.shape) continue;
     throw Error(ErrorCode::Desync,
                 fmt::format("symmetric barrier ({}) on buffer #{}: Desync: rank {} runs {}; this "
                             "rank runs {} (every rank must pass the same call, with its tensors "
@@ -224,6 +225,47 @@ void symmetric_broadcast(const SymmetricContext& c, const void* input, Symmetric
   symmetric_barrier(c, true, "enter");
   if (rank != root && bytes > 0) std::memcpy(output.at(rank), output.at(root), bytes);
   symmetric_barrier(c, false, "leave");
+}
+
+bool symmetric_all_to_all(const SymmetricContext& c, SymmetricOperand input,
+                          SymmetricOperand output, size_t count, DType dtype) {
+  SymmetricRegion& region = c.anchor;
+  const int ranks = region.ranks();
+  const int rank = region.rank();
+  symmetric_barrier(c, true, "enter");
+  bool agree = c.call.factor != 0;
+  for (int p = 0; p < ranks && agree; ++p) {
+    const SymmetricCall& theirs = region.slot(p).call;
+    agree = theirs.factor == c.call.factor && theirs.in_region == c.call.in_region &&
+            theirs.in_offset == c.call.in_offset && theirs.out_region == c.call.out_region &&
+            theirs.out_offset == c.call.out_offset;
+  }
+  const size_t bytes = count * dtype_size(dtype);
+  const bool in_place = input.region == output.region && input.offset == output.offset;
+  if (agree && bytes > 0 && !in_place) {
+    // Pull: block p of this rank's output is block `rank` of rank p's input. Starting at this
+    // rank's own spreads the P readers over the P inputs at any moment.
+    for (int i = 0; i < ranks; ++i) {
+      const int p = (rank + i) % ranks;
+      std::memcpy(output.at(rank) + static_cast<size_t>(p) * bytes,
+                  input.at(p) + static_cast<size_t>(rank) * bytes, bytes);
+    }
+  } else if (agree && bytes > 0) {
+    // In place a pull would overwrite a block a peer has yet to read: instead block p of rank
+    // r's tensor and block r of rank p's trade places, swapped by one rank of the pair only (the
+    // lower when r + p is even, the higher otherwise, to share the work), so no block is touched
+    // by two ranks.
+    for (int p = 0; p < ranks; ++p) {
+      const int owner = (rank + p) % 2 == 0 ? std::min(rank, p) : std::max(rank, p);
+      if (p == rank || owner != rank) continue;
+      std::byte* mine = output.at(rank) + static_cast<size_t>(p) * bytes;
+      std::byte* theirs = output.at(p) + static_cast<size_t>(rank) * bytes;
+      std::swap_ranges(mine, mine + bytes, theirs);
+    }
+  }
+  // Also when declining: no rank may publish its next call while another still reads this one's.
+  symmetric_barrier(c, false, "leave");
+  return agree;
 }
 
 }  // namespace weft::collectives

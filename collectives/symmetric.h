@@ -25,6 +25,10 @@
 //                   only: reads S, writes S/P, reduces (P-1) S/P per rank. When the root's output
 //                   is not in the inputs' buffer (the peers cannot name it), the root reduces all
 //                   of it alone: reads P S, writes S; the others only pass the barriers.
+//   all_to_all      (S = one block, equal splits everywhere) rank r copies block r of every
+//                   rank's input into its output: reads and writes P S. In place, each pair of
+//                   blocks is swapped by one of its two ranks. Uneven splits cost two barriers,
+//                   then the message path.
 // Two barriers each, every one a handful of cache-line transfers plus, when a rank sleeps, a
 // futex wake-up. Against the message path (a ring: 2 (P-1)/P S through shared-memory rings, each
 // byte copied twice, with 2 (P-1) handshakes), all_reduce saves the copies and the handshakes.
@@ -59,6 +63,9 @@ struct SymmetricContext {
   // reduce: call.out_region and out_offset are the root's alone (the others have no output), so
   // the enter barrier compares calls without them, and the peers read them from the root's slot.
   bool root_output = false;
+  // all_to_all: only seq and shape must match; the rest of the calls decides whether the ranks
+  // run it here or all decline to the message path (symmetric_all_to_all).
+  bool negotiate = false;
 };
 
 // A tensor in a symmetric buffer: the same `offset` in every rank's block of `region`.
@@ -85,6 +92,14 @@ void symmetric_reduce(const SymmetricContext& c, SymmetricOperand input, void* o
 // `input` is the root's (anywhere in its memory; ignored elsewhere); every rank passes `output`.
 void symmetric_broadcast(const SymmetricContext& c, const void* input, SymmetricOperand output,
                          size_t count, DType dtype, int root);
+
+// Equal splits everywhere: `count` elements per block, input and output P * count, block p to
+// (from) rank p; input and output at the same place: in place, each pair of blocks swapped by one
+// rank of the pair. Every rank publishes n + 1 in call.factor when it sends and receives n to and
+// from everyone (else 0); unless every rank's factor and tensor places are equal, every rank
+// returns false after both barriers, touching nothing, and the caller takes the message path.
+bool symmetric_all_to_all(const SymmetricContext& c, SymmetricOperand input,
+                          SymmetricOperand output, size_t count, DType dtype);
 
 // The barrier the algorithms use (published for tests): every rank enters it once per call, in
 // the same order. With `check_call`, this rank's call is published first and compared with every

@@ -64,6 +64,10 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
     case CollectiveKind::Broadcast:
       needs_input = false;
       break;
+    case CollectiveKind::AllToAll:
+      // Whatever the splits: equal here says nothing of the others' (rank q may send n here and
+      // other counts elsewhere), so every rank goes in and the barrier decides (run_symmetric).
+      break;
     default:
       return std::nullopt;
   }
@@ -94,12 +98,20 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
 
   const Tensor& any = needs_input ? c.inputs[0] : c.outputs[0];
   plan.root_output = reduce;
+  plan.negotiate = c.kind == CollectiveKind::AllToAll;
   plan.call.seq = c.seq;
   plan.call.shape = static_cast<uint64_t>(c.kind) | static_cast<uint64_t>(any.dtype) << 8 |
                     static_cast<uint64_t>(c.op.kind) << 16 |
                     static_cast<uint64_t>(static_cast<uint32_t>(c.root)) << 32;
   plan.call.factor = c.op.kind == ReduceOp::PremulSum ? std::bit_cast<uint64_t>(c.op.factor) : 0;
   plan.call.count = any.count;
+  if (plan.negotiate) {
+    // n + 1 when this rank sends and receives n to and from every rank, else 0: zero-copy runs
+    // when every rank's is the same non-zero value (and the tensors' places agree).
+    const size_t n = c.send_counts.empty() ? 0 : c.send_counts[0];
+    const bool equal = equal_blocks(c.send_counts) && c.send_counts == c.recv_counts;
+    plan.call.factor = equal ? n + 1 : 0;
+  }
   if (needs_input) {
     plan.call.in_region = in.region->id() + 1;  // 0: none
     plan.call.in_offset = in.offset;
@@ -129,34 +141,44 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
   return plan;
 }
 
-void run_symmetric(const Collective& c, const collectives::Context& ctx, SymmetricMemory& memory,
+bool run_symmetric(const Collective& c, const collectives::Context& ctx, SymmetricMemory& memory,
                    const SymmetricPlan& plan) {
+  collectives::SymmetricContext sc{ctx,       memory,           *plan.anchor,
+                                   plan.call, plan.root_output, plan.negotiate};
+  if (c.kind == CollectiveKind::AllToAll) {
+    // The message path notes its own algorithm when the ranks decline.
+    if (!collectives::symmetric_all_to_all(sc, plan.input, plan.output,
+                                           plan.call.factor == 0 ? 0 : plan.call.factor - 1,
+                                           c.inputs[0].dtype)) {
+      return false;
+    }
+    note_algorithm(c.trace, "symmetric");
+    return true;
+  }
   note_algorithm(c.trace, "symmetric");
-  collectives::SymmetricContext sc{ctx, memory, *plan.anchor, plan.call, plan.root_output};
   if (c.kind == CollectiveKind::Reduce) {
     collectives::symmetric_reduce(sc, plan.input, c.outputs.empty() ? nullptr : c.outputs[0].data,
                                   c.inputs[0].count, c.inputs[0].dtype, c.op, c.root);
-    return;
+    return true;
   }
   const Tensor& out = c.outputs[0];
   switch (c.kind) {
     case CollectiveKind::AllReduce:
       collectives::symmetric_all_reduce(sc, plan.input, plan.output, out.count, out.dtype, c.op);
-      return;
+      return true;
     case CollectiveKind::ReduceScatter:
       collectives::symmetric_reduce_scatter(sc, plan.input, plan.output, out.count, out.dtype,
                                             c.op);
-      return;
+      return true;
     case CollectiveKind::AllGather:
       collectives::symmetric_all_gather(
           sc, plan.in_place ? collectives::SymmetricOperand{} : plan.input, plan.output,
           c.inputs[0].count, out.dtype);
-      return;
+      return true;
     case CollectiveKind::Broadcast:
       collectives::symmetric_broadcast(sc, c.inputs.empty() ? nullptr : c.inputs[0].data,
                                        plan.output, out.count, out.dtype, c.root);
-      return;
-
+      return true;
     default:
       break;
   }

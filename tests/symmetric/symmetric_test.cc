@@ -485,6 +485,95 @@ TEST_CASE("symmetric reduce matches the reference for every dtype, op and root o
   }
 }
 
+// Byte j of element k of the block rank `from` sends rank `to`: distinct for every (from, to, k).
+std::byte sent_byte(int from, int to, size_t k, size_t j) {
+  return static_cast<std::byte>((from * 31 + to * 7 + k * 13 + j * 5 + 1) & 0xff);
+}
+
+// all_to_all of `splits` (splits[from][to] elements) with this rank's input at `in_at` and its
+// output at `out_at` of the buffer (the same place: in place), checked block by block.
+void all_to_all_and_check(ProcessGroup& pg, SymmetricBuffer& buffer, DType d, size_t in_at,
+                          size_t out_at, const std::vector<std::vector<size_t>>& splits,
+                          const std::string& what) {
+  const int rank = pg.rank();
+  const int ranks = pg.size();
+  const size_t element = dtype_size(d);
+  auto* base = static_cast<std::byte*>(buffer.data());
+  std::vector<size_t> send(ranks), recv(ranks);
+  for (int q = 0; q < ranks; ++q) {
+    send[q] = splits[rank][q];
+    recv[q] = splits[q][rank];
+  }
+  size_t at = in_at;
+  for (int q = 0; q < ranks; ++q) {
+    for (size_t b = 0; b < send[q] * element; ++b) {
+      base[at + b] = sent_byte(rank, q, b / element, b % element);
+    }
+    at += send[q] * element;
+  }
+  size_t in_count = 0, out_count = 0;
+  for (int q = 0; q < ranks; ++q) {
+    in_count += send[q];
+    out_count += recv[q];
+  }
+  if (out_at != in_at) std::memset(base + out_at, 0xa5, out_count * element);
+  pg.all_to_all(buffer.view(d, out_at, out_count), buffer.view(d, in_at, in_count), recv, send)
+      ->wait();
+  at = out_at;
+  for (int q = 0; q < ranks; ++q) {
+    for (size_t b = 0; b < recv[q] * element; ++b) {
+      RANK_CHECK(base[at + b] == sent_byte(q, rank, b / element, b % element),
+                 "rank {} {} {}: block from rank {} byte {} is {:#x}, expected {:#x}", rank, what,
+                 dtype_name(d), q, b, static_cast<int>(base[at + b]),
+                 static_cast<int>(sent_byte(q, rank, b / element, b % element)));
+    }
+    at += recv[q] * element;
+  }
+}
+
+TEST_CASE(
+    "symmetric all_to_all matches the reference on 1 to 5 ranks, in place or not, and uneven "
+    "splits take the message path on every rank",
+    "[symmetric][multiproc]") {
+  for (int ranks = 1; ranks <= 5; ++ranks) {
+    DYNAMIC_SECTION(ranks << " ranks") {
+      const uint16_t port = test::free_port();
+      test::run_ranks_ok(ranks, [&](int rank) {
+        auto pg = join(port, rank, ranks);
+        const size_t most = 5 * 1010 * 8;  // one rank's input or output, at most
+        auto buffer = pg->allocate_symmetric(2 * most + 64);
+        for (DType d : {DType::Float32, DType::Int64, DType::UInt8, DType::BFloat16}) {
+          const size_t element = dtype_size(d);
+          for (size_t n : {size_t{0}, size_t{1}, size_t{1000}}) {
+            const std::vector<std::vector<size_t>> even(ranks, std::vector<size_t>(ranks, n));
+            // Off the 8-byte grid for the narrow types (one element in).
+            all_to_all_and_check(*pg, *buffer, d, element, most + 3 * element, even,
+                                 fmt::format("even n {}", n));
+            all_to_all_and_check(*pg, *buffer, d, element, element, even,
+                                 fmt::format("even in place n {}", n));
+            // Uneven: n + (3 from + to) % 3, some blocks empty.
+            std::vector<std::vector<size_t>> uneven(ranks, std::vector<size_t>(ranks));
+            for (int f = 0; f < ranks; ++f) {
+              for (int t = 0; t < ranks; ++t) uneven[f][t] = (f + t) % 4 == 3 ? 0 : n + (f + t) % 3;
+            }
+            all_to_all_and_check(*pg, *buffer, d, 0, most, uneven, fmt::format("uneven n {}", n));
+            if (ranks >= 3 && n >= 2) {
+              // Rank 0 sends and receives n everywhere, so its own splits look even; ranks 1 and
+              // P-1 do not. Every rank must still take the message path (before, rank 0 alone
+              // went zero-copy and waited for the others in its barrier).
+              std::vector<std::vector<size_t>> deceptive = even;
+              deceptive[1][ranks - 1] = n - 2;
+              deceptive[ranks - 1][ranks - 1] = n + 2;
+              all_to_all_and_check(*pg, *buffer, d, 0, most, deceptive,
+                                   fmt::format("even on rank 0 only, n {}", n));
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
 TEST_CASE("two groups' symmetric buffers are used at once, each with its own group",
           "[symmetric][multiproc]") {
   const uint16_t port = test::free_port();
