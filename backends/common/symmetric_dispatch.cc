@@ -143,8 +143,12 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
 
 bool run_symmetric(const Collective& c, const collectives::Context& ctx, SymmetricMemory& memory,
                    const SymmetricPlan& plan) {
-  collectives::SymmetricContext sc{ctx,       memory,           *plan.anchor,
-                                   plan.call, plan.root_output, plan.negotiate};
+  collectives::SymmetricContext sc{.ctx = ctx,
+                                   .memory = memory,
+                                   .anchor = *plan.anchor,
+                                   .call = plan.call,
+                                   .root_output = plan.root_output,
+                                   .negotiate = plan.negotiate};
   if (c.kind == CollectiveKind::AllToAll) {
     // The message path notes its own algorithm when the ranks decline.
     if (!collectives::symmetric_all_to_all(sc, plan.input, plan.output,
