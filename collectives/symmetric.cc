@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -82,7 +83,16 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
     return true;
   };
   const auto started = Clock::now();
-  if (!c.memory.wait_until(all_arrived, c.ctx.deadline)) {
+  bool arrived = false;
+  try {
+    arrived = c.memory.wait_until(all_arrived, c.ctx.deadline);
+  } catch (const Error& e) {
+    // PeerLost or Aborted from the transport's liveness check: say where, as the message path's
+    // "ring all_reduce reduce-scatter step 3/6: ..." does.
+    throw Error(e.code(), fmt::format("symmetric barrier ({}) on buffer #{}: {}", phase,
+                                      region.id(), e.what()));
+  }
+  if (!arrived) {
     std::vector<int> absent;
     for (int p = 0; p < ranks; ++p) {
       if (region.slot(p).arrived.load(std::memory_order_acquire) < epoch) absent.push_back(p);
@@ -99,6 +109,12 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
   for (int p = 0; p < ranks; ++p) {
     const SymmetricCall& theirs = region.slot(p).call;
     if (theirs == c.call) continue;
+    if (c.root_output) {
+      SymmetricCall a = theirs, b = c.call;
+      a.out_region = a.out_offset = b.out_region = b.out_offset = 0;
+      if (a == b) continue;
+    }
+    if (c.negotiate && theirs.seq == c.call.seq && theirs.shape == c.call.shape) continue;
     throw Error(ErrorCode::Desync,
                 fmt::format("symmetric barrier ({}) on buffer #{}: Desync: rank {} runs {}; this "
                             "rank runs {} (every rank must pass the same call, with its tensors "
@@ -123,6 +139,40 @@ void symmetric_all_reduce(const SymmetricContext& c, SymmetricOperand input,
     std::byte* acc = scratch.data();
     reduce_piece(input, at, n, ranks, dtype, op, acc, acc + piece * element);
     for (int p = 0; p < ranks; ++p) std::memcpy(output.at(p) + at, acc, n * element);
+  }
+  symmetric_barrier(c, false, "leave");
+}
+
+void symmetric_reduce(const SymmetricContext& c, SymmetricOperand input, void* output, size_t count,
+                      DType dtype, ReduceOp op, int root) {
+  reduce::check_supported(dtype, op);
+  const size_t element = dtype_size(dtype);
+  SymmetricRegion& region = c.anchor;
+  const int ranks = region.ranks();
+  const int rank = region.rank();
+  const size_t chunk = std::max<size_t>(1, kChunkBytes / element);
+  // Sized for the larger share (the root alone reduces everything) before the barrier, as the
+  // others do: allocation may fail, and must not fail after peers counted on this rank.
+  const size_t piece = std::min(chunk, count);
+  detail::Scratch scratch(c.ctx, piece * element * (reduce::needs_premultiply(op) ? 2 : 1));
+  symmetric_barrier(c, true, "enter");
+  // The root's call, published before its arrival (invariant 2), names its output when it lies
+  // in the inputs' region.
+  const SymmetricCall& roots = region.slot(root).call;
+  const bool shared = roots.out_region != 0 && roots.out_region == roots.in_region;
+  std::byte* out = shared ? region.block(root) + roots.out_offset : static_cast<std::byte*>(output);
+  size_t begin = 0, end = 0;
+  if (shared) {
+    std::tie(begin, end) = slice_of(count, element, rank, ranks);
+  } else if (rank == root) {
+    end = count;
+  }
+  for (size_t first = begin; first < end; first += chunk) {
+    const size_t n = std::min(chunk, end - first);
+    const size_t at = first * element;
+    std::byte* acc = scratch.data();
+    reduce_piece(input, at, n, ranks, dtype, op, acc, acc + piece * element);
+    std::memcpy(out + at, acc, n * element);
   }
   symmetric_barrier(c, false, "leave");
 }
@@ -175,6 +225,47 @@ void symmetric_broadcast(const SymmetricContext& c, const void* input, Symmetric
   symmetric_barrier(c, true, "enter");
   if (rank != root && bytes > 0) std::memcpy(output.at(rank), output.at(root), bytes);
   symmetric_barrier(c, false, "leave");
+}
+
+bool symmetric_all_to_all(const SymmetricContext& c, SymmetricOperand input,
+                          SymmetricOperand output, size_t count, DType dtype) {
+  SymmetricRegion& region = c.anchor;
+  const int ranks = region.ranks();
+  const int rank = region.rank();
+  symmetric_barrier(c, true, "enter");
+  bool agree = c.call.factor != 0;
+  for (int p = 0; p < ranks && agree; ++p) {
+    const SymmetricCall& theirs = region.slot(p).call;
+    agree = theirs.factor == c.call.factor && theirs.in_region == c.call.in_region &&
+            theirs.in_offset == c.call.in_offset && theirs.out_region == c.call.out_region &&
+            theirs.out_offset == c.call.out_offset;
+  }
+  const size_t bytes = count * dtype_size(dtype);
+  const bool in_place = input.region == output.region && input.offset == output.offset;
+  if (agree && bytes > 0 && !in_place) {
+    // Pull: block p of this rank's output is block `rank` of rank p's input. Starting at this
+    // rank's own spreads the P readers over the P inputs at any moment.
+    for (int i = 0; i < ranks; ++i) {
+      const int p = (rank + i) % ranks;
+      std::memcpy(output.at(rank) + static_cast<size_t>(p) * bytes,
+                  input.at(p) + static_cast<size_t>(rank) * bytes, bytes);
+    }
+  } else if (agree && bytes > 0) {
+    // In place a pull would overwrite a block a peer has yet to read: instead block p of rank
+    // r's tensor and block r of rank p's trade places, swapped by one rank of the pair only (the
+    // lower when r + p is even, the higher otherwise, to share the work), so no block is touched
+    // by two ranks.
+    for (int p = 0; p < ranks; ++p) {
+      const int owner = (rank + p) % 2 == 0 ? std::min(rank, p) : std::max(rank, p);
+      if (p == rank || owner != rank) continue;
+      std::byte* mine = output.at(rank) + static_cast<size_t>(p) * bytes;
+      std::byte* theirs = output.at(p) + static_cast<size_t>(rank) * bytes;
+      std::swap_ranges(mine, mine + bytes, theirs);
+    }
+  }
+  // Also when declining: no rank may publish its next call while another still reads this one's.
+  symmetric_barrier(c, false, "leave");
+  return agree;
 }
 
 }  // namespace weft::collectives

@@ -21,14 +21,22 @@
 //   broadcast       the root copies its input (which may lie anywhere) into its output (unless
 //                   in place), then every rank copies the root's output into its own: reads and
 //                   writes S.
+//   reduce          as all_reduce, but rank r writes its reduced slice into the root's output
+//                   only: reads S, writes S/P, reduces (P-1) S/P per rank. When the root's output
+//                   is not in the inputs' buffer (the peers cannot name it), the root reduces all
+//                   of it alone: reads P S, writes S; the others only pass the barriers.
+//   all_to_all      (S = one block, equal splits everywhere) rank r copies block r of every
+//                   rank's input into its output: reads and writes P S. In place, each pair of
+//                   blocks is swapped by one of its two ranks. Uneven splits cost two barriers,
+//                   then the message path.
 // Two barriers each, every one a handful of cache-line transfers plus, when a rank sleeps, a
 // futex wake-up. Against the message path (a ring: 2 (P-1)/P S through shared-memory rings, each
 // byte copied twice, with 2 (P-1) handshakes), all_reduce saves the copies and the handshakes.
 //
-// In place: all_reduce with output == input; reduce_scatter with the output at this rank's block
-// of the input; all_gather with the input at this rank's block of the output; broadcast with
-// output == input. Safe because a rank writes only what no peer reads in the same collective
-// (all_reduce: slice r of the outputs, which only rank r reads as input).
+// In place: all_reduce and reduce (on the root) with output == input; reduce_scatter with the
+// output at this rank's block of the input; all_gather with the input at this rank's block of the
+// output; broadcast with output == input. Safe because a rank writes only what no peer reads in the
+// same collective (all_reduce: slice r of the outputs, which only rank r reads as input).
 //
 // Failure: a barrier waits until the context's deadline (Error(Timeout) naming the ranks that had
 // not arrived), and fails with Error(PeerLost) naming a dead peer within the memory's liveness
@@ -52,6 +60,12 @@ struct SymmetricContext {
   SymmetricMemory& memory;
   SymmetricRegion& anchor;  // whose barriers the collective uses
   SymmetricCall call;       // what this rank runs, compared with every peer's
+  // reduce: call.out_region and out_offset are the root's alone (the others have no output), so
+  // the enter barrier compares calls without them, and the peers read them from the root's slot.
+  bool root_output = false;
+  // all_to_all: only seq and shape must match; the rest of the calls decides whether the ranks
+  // run it here or all decline to the message path (symmetric_all_to_all).
+  bool negotiate = false;
 };
 
 // A tensor in a symmetric buffer: the same `offset` in every rank's block of `region`.
@@ -70,9 +84,22 @@ void symmetric_reduce_scatter(const SymmetricContext& c, SymmetricOperand input,
 // without a region means in place on every rank: rank p's input is its block p of the output.
 void symmetric_all_gather(const SymmetricContext& c, SymmetricOperand input,
                           SymmetricOperand output, size_t count, DType dtype);
+// Every rank passes `input`; `output` is the root's (null elsewhere). When the root's call names
+// its output in the input's region (out_region == in_region), rank r reduces its slice straight
+// into it; otherwise the root reduces every element alone into `output`, wherever it lies.
+void symmetric_reduce(const SymmetricContext& c, SymmetricOperand input, void* output, size_t count,
+                      DType dtype, ReduceOp op, int root);
 // `input` is the root's (anywhere in its memory; ignored elsewhere); every rank passes `output`.
 void symmetric_broadcast(const SymmetricContext& c, const void* input, SymmetricOperand output,
                          size_t count, DType dtype, int root);
+
+// Equal splits everywhere: `count` elements per block, input and output P * count, block p to
+// (from) rank p; input and output at the same place: in place, each pair of blocks swapped by one
+// rank of the pair. Every rank publishes n + 1 in call.factor when it sends and receives n to and
+// from everyone (else 0); unless every rank's factor and tensor places are equal, every rank
+// returns false after both barriers, touching nothing, and the caller takes the message path.
+bool symmetric_all_to_all(const SymmetricContext& c, SymmetricOperand input,
+                          SymmetricOperand output, size_t count, DType dtype);
 
 // The barrier the algorithms use (published for tests): every rank enters it once per call, in
 // the same order. With `check_call`, this rank's call is published first and compared with every

@@ -33,21 +33,6 @@ bool equal_blocks(const std::vector<size_t>& counts) {
 std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Collective& c,
                                             const ErrorContext& context) {
   if (memory == nullptr) return std::nullopt;
-  bool needs_input = true;
-  switch (c.kind) {
-    case CollectiveKind::AllReduce:
-      break;
-    case CollectiveKind::AllGather:
-    case CollectiveKind::ReduceScatter:
-      if (!equal_blocks(c.counts)) return std::nullopt;
-      break;
-    case CollectiveKind::Broadcast:
-      needs_input = false;
-      break;
-    default:
-      return std::nullopt;
-  }
-  if (c.outputs.size() != 1 || (needs_input && c.inputs.size() != 1)) return std::nullopt;
   auto find = [&](const Tensor& t) {
     try {
       return memory->find(t.data, t.nbytes());
@@ -60,10 +45,41 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
       throw Error(ErrorCode::InvalidArgument, context, detail);
     }
   };
-  SymmetricMemory::Found out = find(c.outputs[0]);
+  // Every tensor of every kind first: the message path would read or write a straddling tensor
+  // past the mapping's end (the conformance suite's symmetric mode found reduce doing so).
+  for (const std::vector<Tensor>* tensors : {&c.inputs, &c.outputs}) {
+    for (const Tensor& t : *tensors) find(t);
+  }
+  bool needs_input = true;
+  // Reduce: only the root has an output, so every rank decides from its input alone.
+  const bool reduce = c.kind == CollectiveKind::Reduce;
+  switch (c.kind) {
+    case CollectiveKind::AllReduce:
+    case CollectiveKind::Reduce:
+      break;
+    case CollectiveKind::AllGather:
+    case CollectiveKind::ReduceScatter:
+      if (!equal_blocks(c.counts)) return std::nullopt;
+      break;
+    case CollectiveKind::Broadcast:
+      needs_input = false;
+      break;
+    case CollectiveKind::AllToAll:
+      // Whatever the splits: equal here says nothing of the others' (rank q may send n here and
+      // other counts elsewhere), so every rank goes in and the barrier decides (run_symmetric).
+      break;
+    default:
+      return std::nullopt;
+  }
+  if ((reduce ? c.outputs.size() > 1 : c.outputs.size() != 1) ||
+      (needs_input && c.inputs.size() != 1)) {
+    return std::nullopt;
+  }
+  SymmetricMemory::Found out;
+  if (!c.outputs.empty()) out = find(c.outputs[0]);
   SymmetricMemory::Found in;
   if (needs_input) in = find(c.inputs[0]);
-  if (!out.region || (needs_input && !in.region)) return std::nullopt;
+  if ((!reduce && !out.region) || (needs_input && !in.region)) return std::nullopt;
 
   SymmetricPlan plan;
   const std::string user = fmt::format("{} #{}", collective_name(c.kind), c.seq);
@@ -76,23 +92,37 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
     }
     plan.uses.push_back(std::move(use));
   }
-  plan.output = SymmetricOperand{out.region.get(), out.offset};
+  if (out.region) plan.output = SymmetricOperand{out.region.get(), out.offset};
   if (needs_input) plan.input = SymmetricOperand{in.region.get(), in.offset};
   plan.anchor = needs_input ? in.region.get() : out.region.get();
 
   const Tensor& any = needs_input ? c.inputs[0] : c.outputs[0];
+  plan.root_output = reduce;
+  plan.negotiate = c.kind == CollectiveKind::AllToAll;
   plan.call.seq = c.seq;
   plan.call.shape = static_cast<uint64_t>(c.kind) | static_cast<uint64_t>(any.dtype) << 8 |
                     static_cast<uint64_t>(c.op.kind) << 16 |
                     static_cast<uint64_t>(static_cast<uint32_t>(c.root)) << 32;
   plan.call.factor = c.op.kind == ReduceOp::PremulSum ? std::bit_cast<uint64_t>(c.op.factor) : 0;
-  plan.call.count = c.outputs[0].count;
+  plan.call.count = any.count;
+  if (plan.negotiate) {
+    // n + 1 when this rank sends and receives n to and from every rank, else 0: zero-copy runs
+    // when every rank's is the same non-zero value (and the tensors' places agree).
+    const size_t n = c.send_counts.empty() ? 0 : c.send_counts[0];
+    const bool equal = equal_blocks(c.send_counts) && c.send_counts == c.recv_counts;
+    plan.call.factor = equal ? n + 1 : 0;
+  }
   if (needs_input) {
     plan.call.in_region = in.region->id() + 1;  // 0: none
     plan.call.in_offset = in.offset;
   }
-  plan.call.out_region = out.region->id() + 1;
-  plan.call.out_offset = out.offset;
+  // Reduce: the root's output is named only when it lies in the inputs' buffer, where the peers
+  // can write their slices of it; elsewhere (another buffer, ordinary memory) the root reduces
+  // alone (out_region 0).
+  if (out.region && (!reduce || out.region == in.region)) {
+    plan.call.out_region = out.region->id() + 1;
+    plan.call.out_offset = out.offset;
+  }
   if (c.kind == CollectiveKind::ReduceScatter) {
     // Peers never touch this rank's output: in place or not, each rank's is its own business.
     plan.call.out_region = plan.call.out_offset = 0;
@@ -111,28 +141,48 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
   return plan;
 }
 
-void run_symmetric(const Collective& c, const collectives::Context& ctx, SymmetricMemory& memory,
+bool run_symmetric(const Collective& c, const collectives::Context& ctx, SymmetricMemory& memory,
                    const SymmetricPlan& plan) {
+  collectives::SymmetricContext sc{.ctx = ctx,
+                                   .memory = memory,
+                                   .anchor = *plan.anchor,
+                                   .call = plan.call,
+                                   .root_output = plan.root_output,
+                                   .negotiate = plan.negotiate};
+  if (c.kind == CollectiveKind::AllToAll) {
+    // The message path notes its own algorithm when the ranks decline.
+    if (!collectives::symmetric_all_to_all(sc, plan.input, plan.output,
+                                           plan.call.factor == 0 ? 0 : plan.call.factor - 1,
+                                           c.inputs[0].dtype)) {
+      return false;
+    }
+    note_algorithm(c.trace, "symmetric");
+    return true;
+  }
   note_algorithm(c.trace, "symmetric");
-  collectives::SymmetricContext sc{ctx, memory, *plan.anchor, plan.call};
+  if (c.kind == CollectiveKind::Reduce) {
+    collectives::symmetric_reduce(sc, plan.input, c.outputs.empty() ? nullptr : c.outputs[0].data,
+                                  c.inputs[0].count, c.inputs[0].dtype, c.op, c.root);
+    return true;
+  }
   const Tensor& out = c.outputs[0];
   switch (c.kind) {
     case CollectiveKind::AllReduce:
       collectives::symmetric_all_reduce(sc, plan.input, plan.output, out.count, out.dtype, c.op);
-      return;
+      return true;
     case CollectiveKind::ReduceScatter:
       collectives::symmetric_reduce_scatter(sc, plan.input, plan.output, out.count, out.dtype,
                                             c.op);
-      return;
+      return true;
     case CollectiveKind::AllGather:
       collectives::symmetric_all_gather(
           sc, plan.in_place ? collectives::SymmetricOperand{} : plan.input, plan.output,
           c.inputs[0].count, out.dtype);
-      return;
+      return true;
     case CollectiveKind::Broadcast:
       collectives::symmetric_broadcast(sc, c.inputs.empty() ? nullptr : c.inputs[0].data,
                                        plan.output, out.count, out.dtype, c.root);
-      return;
+      return true;
     default:
       break;
   }

@@ -3,12 +3,14 @@
 //
 // plan_symmetric() decides, on the posting thread, from this rank's tensors alone: all_reduce,
 // reduce_scatter and all_gather (equal blocks) whose input and output both lie in symmetric
-// buffers of the group, and broadcast whose output does (the root's input may lie anywhere), run
-// zero-copy; everything else, and any collective inside a coalesced unit, takes the message path.
-// Every rank decides alike when the program passes the same kind of memory on every rank; where
-// it does not, the ranks that went zero-copy time out in their barrier naming the others, and the
-// others time out on their messages. The plan holds a use of each buffer, so a buffer cannot be
-// released (and stays mapped if its handle goes) until the collective is over.
+// buffers of the group, broadcast whose output does (the root's input may lie anywhere), and
+// reduce whose input does (the root's output may lie anywhere), run zero-copy; so does all_to_all
+// whose input and output do, when every rank's splits turn out equal (run_symmetric); everything
+// else, and any collective inside a coalesced unit, takes the message path. Every rank decides
+// alike when the program passes the same kind of memory on every rank; where it does not, the ranks
+// that went zero-copy time out in their barrier naming the others, and the others time out on their
+// messages. The plan holds a use of each buffer, so a buffer cannot be released (and stays mapped
+// if its handle goes) until the collective is over.
 //
 // Thread safety: plan_symmetric() from any thread; run_symmetric() on the progress thread.
 #pragma once
@@ -30,16 +32,21 @@ struct SymmetricPlan {
   collectives::SymmetricOperand output;
   collectives::SymmetricRegion* anchor = nullptr;
   collectives::SymmetricCall call;
-  bool in_place = false;  // all_gather: every rank's input is its block of the output
+  bool in_place = false;     // all_gather: every rank's input is its block of the output
+  bool root_output = false;  // reduce: only the root's call names the output (SymmetricContext)
+  bool negotiate = false;    // all_to_all: the ranks' splits decide after the barrier
 };
 
 // The zero-copy plan of `c`, or nullopt for the message path. Throws Error(InvalidArgument) with
-// `context` when a tensor starts inside a symmetric buffer and runs past its end.
+// `context` when any tensor of `c` (whatever its kind, zero-copy or not) starts inside a symmetric
+// buffer and runs past its end.
 std::optional<SymmetricPlan> plan_symmetric(collectives::SymmetricMemory* memory,
                                             const Collective& c, const ErrorContext& context);
 
-// Runs `c` by `plan`, with ctx's deadline and scratch. Throws what the algorithm throws.
-void run_symmetric(const Collective& c, const collectives::Context& ctx,
+// Runs `c` by `plan`, with ctx's deadline and scratch; false when it did not, having found with
+// every rank that the message path must (an all_to_all whose splits are not equal everywhere),
+// which every rank then takes. Throws what the algorithm throws.
+bool run_symmetric(const Collective& c, const collectives::Context& ctx,
                    collectives::SymmetricMemory& memory, const SymmetricPlan& plan);
 
 }  // namespace weft::backends

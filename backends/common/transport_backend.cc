@@ -273,9 +273,9 @@ void TransportBackend::run(const Collective& collective, const ErrorContext& con
         collectives::fingerprinted_seq(collective.seq, call_fingerprint(collective, dtype));
     collectives::Context ctx{*transport_, seq, deadline};
     ctx.scratch = &scratch_;
-    if (zero_copy != nullptr) {
-      run_symmetric(collective, ctx, *transport_->symmetric_memory(), *zero_copy);
-    } else {
+    // run_symmetric() declines (every rank alike) an all_to_all whose ranks' splits differ.
+    if (zero_copy == nullptr ||
+        !run_symmetric(collective, ctx, *transport_->symmetric_memory(), *zero_copy)) {
       run_collective(collective, ctx, plan_);
     }
   });

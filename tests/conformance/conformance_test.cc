@@ -9,6 +9,16 @@
 // world sizes 6 and 7 too, more counts, and every form, root and placement for every combination
 // (minutes, not seconds). WEFT_TEST_WORLD_SIZES=3,8 runs only the sizes listed.
 //
+// WEFT_TEST_SYMMETRIC=1 (weft-conformance --symmetric) places every tensor in a symmetric buffer
+// (weft/symmetric_buffer.h) of the group that runs the collective, on the tcp backend with shared
+// memory only: the collectives with a zero-copy path take it (docs/symmetric-memory.md), the others
+// take the message path with tensors in symmetric memory; the checks are the same. Each variant
+// allocates one buffer (its Arena) when it is made; a check's tensors are cut from it by a bump
+// allocator that starts again from the beginning once all of the previous check's buffers are gone,
+// so that every rank places the same check's tensors at the same offsets. Tensors start one
+// element past a 64-byte line: off the 8-byte grid for elements under 8 bytes, element-aligned
+// always (the reduce kernels, like C++, need element alignment).
+//
 // WEFT_TEST_UNSUPPORTED=report (weft-conformance --unsupported=report) turns an Error(Unsupported)
 // from the backend into a note instead of a failure: the test case stops at that world size, the
 // note (world size and the error's text) goes to conformance_report.h's list, which
@@ -59,6 +69,7 @@
 
 #include "weft/process_group.h"
 #include "weft/rendezvous.h"
+#include "weft/symmetric_buffer.h"
 #include "weft/tcp_store.h"
 
 #include "tests/conformance/conformance_report.h"
@@ -94,6 +105,11 @@ std::string unsupported_in(const std::string& output) {
   if (at == std::string::npos) return "";
   const size_t from = at + kUnsupportedMarker.size();
   return output.substr(from, output.find('\n', from) - from);
+}
+
+bool symmetric_mode() {
+  const char* value = std::getenv("WEFT_TEST_SYMMETRIC");
+  return value && std::string_view(value) == "1";
 }
 
 bool full_run() {
@@ -581,15 +597,65 @@ class Reduction {
 
 // ---- Buffers and checks.
 
+// Under symmetric_mode(): one symmetric buffer of a variant's group, cut into a check's tensors.
+// Every rank makes the same checks in the same order, and a check's buffers are all gone before
+// the next check makes its first one, so restarting at offset 0 whenever none is live gives every
+// rank the same offsets for the same check. Where ranks need different sizes for one check (the
+// uneven forms, a root's list), the caller reserves a bound that is the same on every rank, so
+// that the offsets after it do not depend on the rank either.
+//
+// Thread safety: none; the test body's thread only. Ownership: Buffers cut from it must die
+// before it (Variant holds it; a check's buffers live within the check).
+class Arena {
+ public:
+  explicit Arena(std::shared_ptr<SymmetricBuffer> buffer) : buffer_(std::move(buffer)) {}
+
+  // Room for `at_most` >= `count` elements of `dtype`: the first of them one element past a
+  // 64-byte line. Throws when the buffer is too small (a test bug: kArenaBytes).
+  unsigned char* take(DType dtype, size_t count, size_t at_most) {
+    const size_t element = dtype_size(dtype);
+    const size_t offset = (next_ + 63) / 64 * 64 + element;
+    const size_t end = offset + std::max(count, at_most) * element;
+    if (end > buffer_->size()) {
+      throw std::logic_error(
+          fmt::format("conformance arena of {} bytes too small: {} needed", buffer_->size(), end));
+    }
+    next_ = end;
+    ++live_;
+    return static_cast<unsigned char*>(buffer_->data()) + offset;
+  }
+
+  void give_back() {
+    if (--live_ == 0) next_ = 0;
+  }
+
+  const SymmetricBuffer& buffer() const { return *buffer_; }
+
+ private:
+  std::shared_ptr<SymmetricBuffer> buffer_;
+  size_t next_ = 0;  // bytes taken since the arena was last empty
+  size_t live_ = 0;  // buffers cut from it and not yet destroyed
+};
+
+// Bytes per rank of a variant's arena: the largest check's tensors, live at once, with room to
+// spare (all_gather of large_count() floats on 8 ranks is 8 MiB of output plus 1 MiB of input;
+// two async batches of large_count() / 16 are about 12 MiB).
+constexpr size_t kArenaBytes = size_t{24} << 20;
+
 // Host memory for `count` elements of `dtype`, read and written as bits.
 class Buffer {
  public:
   // The memory starts uninitialised: every check fills what it passes. operator new aligns it
-  // for every dtype.
-  Buffer(DType dtype, size_t count)
+  // for every dtype. With an arena (symmetric_mode()), the memory is cut from it, reserving
+  // room for `at_most` elements (the same on every rank: see Arena).
+  Buffer(DType dtype, size_t count) : Buffer(nullptr, dtype, count) {}
+  Buffer(Arena* arena, DType dtype, size_t count, size_t at_most = 0)
       : dtype_(dtype),
         count_(count),
-        storage_(count > 0 ? new unsigned char[count * dtype_size(dtype)] : nullptr) {}
+        storage_(arena       ? arena->take(dtype, count, at_most)
+                 : count > 0 ? new unsigned char[count * dtype_size(dtype)]
+                             : nullptr,
+                 Release{arena}) {}
 
   DType dtype() const { return dtype_; }
   size_t count() const { return count_; }
@@ -643,9 +709,21 @@ class Buffer {
     return reinterpret_cast<U*>(storage_.get())[i];
   }
 
+  // Hands the memory back to its arena, or to operator delete[].
+  struct Release {
+    Arena* arena = nullptr;
+    void operator()(unsigned char* p) const {
+      if (arena) {
+        arena->give_back();
+      } else {
+        delete[] p;
+      }
+    }
+  };
+
   DType dtype_;
   size_t count_;
-  std::unique_ptr<unsigned char[]> storage_;  // null when empty
+  std::unique_ptr<unsigned char[], Release> storage_;  // null when empty and not in an arena
 };
 
 // One rank's failed checks. A wrong result does not stop the rank (the others expect it at the
@@ -707,6 +785,7 @@ struct Variant {
   std::string algo;  // "" for a backend other than tcp (one variant, the backend's defaults)
   std::string shm;
   std::shared_ptr<ProcessGroup> pg;
+  std::shared_ptr<Arena> arena;  // symmetric_mode() only: where its checks' tensors lie
 };
 
 // What a test body gets on each rank.
@@ -753,6 +832,10 @@ void run_rank_body(int rank, int size, uint16_t port, const std::vector<std::str
                    const std::function<void(Rank&)>& body, const std::vector<std::string>& shms,
                    bool debug_detail, const std::string& host) {
   const std::string backend = backend_under_test();
+  if (symmetric_mode() && backend != "tcp") {
+    throw std::invalid_argument(fmt::format(
+        "WEFT_TEST_SYMMETRIC=1 runs on the tcp backend only (symmetric memory), not {}", backend));
+  }
   // Before weft reads its configuration, which it does once per process.
   if (debug_detail) setenv("WEFT_DEBUG", "detail", 1);
   ProcessGroupOptions options;
@@ -774,14 +857,16 @@ void run_rank_body(int rank, int size, uint16_t port, const std::vector<std::str
   const bool generic = backend == "tcp" || backend == "ucx";
   const std::vector<std::string> no_shm = {""};
   if (generic) {
-    for (const std::string& shm : backend == "tcp" ? shms : no_shm) {
+    // Symmetric buffers need shared memory: every variant has it on in that mode.
+    const std::vector<std::string> shm_on = {"1"};
+    for (const std::string& shm : backend != "tcp" ? no_shm : symmetric_mode() ? shm_on : shms) {
       for (const std::string& algo : algos) {
         NewGroupOptions group_options;
         group_options.name = fmt::format("{}-shm{}", algo, shm);
         group_options.backend_settings = {{"algo", algo}};
         if (!shm.empty()) group_options.backend_settings["shm"] = shm;
         try {
-          r.variants.push_back({algo, shm, r.world->new_group(everyone, group_options)});
+          r.variants.push_back({algo, shm, r.world->new_group(everyone, group_options), nullptr});
         } catch (const Error& e) {
           // Every rank refuses the name alike, after the group's connections are made.
           const bool unknown =
@@ -792,7 +877,13 @@ void run_rank_body(int rank, int size, uint16_t port, const std::vector<std::str
       }
     }
   } else {
-    r.variants.push_back({"", "", r.world->new_group(everyone)});
+    r.variants.push_back({"", "", r.world->new_group(everyone), nullptr});
+  }
+  if (symmetric_mode()) {
+    // Collective over each group, in the same order on every rank.
+    for (Variant& v : r.variants) {
+      v.arena = std::make_shared<Arena>(v.pg->allocate_symmetric(kArenaBytes));
+    }
   }
   body(r);
   // Rank 0 hosts the store: everyone leaves together.
@@ -949,7 +1040,11 @@ void finish(const Issued& issued) {
 
 using BufferPtr = std::shared_ptr<Buffer>;
 
-BufferPtr make_buffer(DType dtype, size_t count) { return std::make_shared<Buffer>(dtype, count); }
+// A check's buffer for variant v: in v's arena under symmetric_mode(), reserving `at_most`
+// elements there (pass a bound that is the same on every rank when `count` is not).
+BufferPtr make_buffer(const Variant& v, DType dtype, size_t count, size_t at_most = 0) {
+  return std::make_shared<Buffer>(v.arena.get(), dtype, count, at_most);
+}
 
 // ---- all_reduce.
 
@@ -959,9 +1054,9 @@ Issued start_all_reduce(Rank& r, const Variant& v, DType dtype, ReduceOp op, siz
       r.where(v, in_place ? "all_reduce (in place)" : "all_reduce", dtype, describe(op), n);
   const Reduction red(dtype, op, v.pg->size(), r.salt());
   const uint64_t salt = r.salt();
-  BufferPtr input = make_buffer(dtype, n);
+  BufferPtr input = make_buffer(v, dtype, n);
   input->fill([&](size_t i) { return red.input(v.pg->rank(), i); });
-  BufferPtr output = in_place ? input : make_buffer(dtype, n);
+  BufferPtr output = in_place ? input : make_buffer(v, dtype, n);
   if (!in_place) output->fill([&](size_t i) { return sentinel(dtype, salt, i); });
   auto work = in_place ? v.pg->all_reduce(input->tensor(), op)
                        : v.pg->all_reduce(input->tensor(), output->tensor(), op);
@@ -1023,9 +1118,9 @@ Issued start_reduce(Rank& r, const Variant& v, DType dtype, ReduceOp op, size_t 
                                     describe(op), n, fmt::format("root {}", root));
   const Reduction red(dtype, op, v.pg->size(), r.salt());
   const uint64_t salt = r.salt();
-  BufferPtr input = make_buffer(dtype, n);
+  BufferPtr input = make_buffer(v, dtype, n);
   input->fill([&](size_t i) { return red.input(v.pg->rank(), i); });
-  BufferPtr output = in_place ? input : make_buffer(dtype, n);
+  BufferPtr output = in_place ? input : make_buffer(v, dtype, n);
   if (!in_place) output->fill([&](size_t i) { return sentinel(dtype, salt, i); });
   auto work = in_place ? v.pg->reduce(input->tensor(), root, op)
                        : v.pg->reduce(input->tensor(), output->tensor(), root, op);
@@ -1093,7 +1188,7 @@ TEST_CASE("reduce equals the reference on roots first, middle and last", "[confo
 Issued start_broadcast(Rank& r, const Variant& v, DType dtype, size_t n, int root) {
   const std::string where = r.where(v, "broadcast", dtype, "-", n, fmt::format("root {}", root));
   const uint64_t salt = r.salt();
-  BufferPtr tensor = make_buffer(dtype, n);
+  BufferPtr tensor = make_buffer(v, dtype, n);
   if (v.pg->rank() == root) {
     tensor->fill([&](size_t i) { return pattern(dtype, salt, root, i); });
   } else {
@@ -1200,10 +1295,11 @@ Issued start_all_gather(Rank& r, const Variant& v, DType dtype, size_t n, Form f
   const size_t gap = is_scattered(form) ? 1 : 0;
   const std::vector<size_t> offsets = block_offsets(counts, gap);
   auto mine = [dtype, salt, me](size_t i) { return pattern(dtype, salt, me, i); };
-  BufferPtr output = make_buffer(dtype, offsets.back());
+  BufferPtr output = make_buffer(v, dtype, offsets.back());
   output->fill([&](size_t i) { return sentinel(dtype, salt, i); });
   if (is_in_place(form)) output->fill(offsets[me], counts[me], mine);
-  BufferPtr own = make_buffer(dtype, counts[me]);
+  BufferPtr own =
+      make_buffer(v, dtype, counts[me], *std::max_element(counts.begin(), counts.end()));
   own->fill(mine);
   const Tensor input = is_in_place(form) ? output->tensor(offsets[me], counts[me]) : own->tensor();
   std::shared_ptr<Work> work;
@@ -1293,14 +1389,16 @@ Issued start_reduce_scatter(Rank& r, const Variant& v, DType dtype, ReduceOp op,
   const size_t gap = is_scattered(form) ? 1 : 0;
   const std::vector<size_t> offsets = block_offsets(counts, gap);
   const uint64_t salt = r.salt();
-  BufferPtr input = make_buffer(dtype, offsets.back());
+  BufferPtr input = make_buffer(v, dtype, offsets.back());
   input->fill([&](size_t i) { return sentinel(dtype, salt, i); });
   for (size_t q = 0; q < p; ++q) {
     input->fill(offsets[q], counts[q],
                 [&](size_t k) { return red.input(v.pg->rank(), dense[q] + k); });
   }
   const bool in_place = is_in_place(form);
-  BufferPtr result = in_place ? input : make_buffer(dtype, counts[me]);
+  BufferPtr result =
+      in_place ? input
+               : make_buffer(v, dtype, counts[me], *std::max_element(counts.begin(), counts.end()));
   if (!in_place) result->fill([&](size_t i) { return sentinel(dtype, salt + 1, i); });
   const size_t at = in_place ? offsets[me] : 0;
   const Tensor output = result->tensor(at, counts[me]);
@@ -1389,9 +1487,9 @@ Issued start_gather(Rank& r, const Variant& v, DType dtype, size_t n, int root, 
   const std::vector<size_t> offsets = block_offsets(std::vector<size_t>(p, n), gap);
   const size_t me = v.pg->rank();
   auto mine = [dtype, salt, me](size_t i) { return pattern(dtype, salt, me, i); };
-  BufferPtr output = make_buffer(dtype, on_root ? offsets.back() : 0);
+  BufferPtr output = make_buffer(v, dtype, on_root ? offsets.back() : 0, offsets.back());
   output->fill([&](size_t i) { return sentinel(dtype, salt, i); });
-  BufferPtr own = make_buffer(dtype, n);
+  BufferPtr own = make_buffer(v, dtype, n);
   own->fill(mine);
   // In place on root: root's input is its own block of the output.
   const bool in_place = on_root && is_in_place(form);
@@ -1435,14 +1533,14 @@ Issued start_scatter(Rank& r, const Variant& v, DType dtype, size_t n, int root,
   const std::vector<size_t> offsets = block_offsets(std::vector<size_t>(p, n), gap);
   // Element i of the block root sends to rank q.
   auto sent = [dtype, salt, root](size_t q, size_t i) { return pattern(dtype, salt, root, i, q); };
-  BufferPtr input = make_buffer(dtype, on_root ? offsets.back() : 0);
+  BufferPtr input = make_buffer(v, dtype, on_root ? offsets.back() : 0, offsets.back());
   input->fill([&](size_t i) { return sentinel(dtype, salt, i); });
   for (size_t q = 0; on_root && q < p; ++q) {
     input->fill(offsets[q], n, [&](size_t i) { return sent(q, i); });
   }
   // In place on root: root's output is its own block of the input.
   const bool in_place = on_root && is_in_place(form);
-  BufferPtr result = in_place ? input : make_buffer(dtype, n);
+  BufferPtr result = in_place ? input : make_buffer(v, dtype, n);
   if (!in_place) result->fill([&](size_t i) { return sentinel(dtype, salt + 1, i); });
   const size_t at = in_place ? offsets[v.pg->rank()] : 0;
   const Tensor output = result->tensor(at, n);
@@ -1533,13 +1631,15 @@ Issued start_all_to_all(Rank& r, const Variant& v, DType dtype, size_t n, Form f
   const uint64_t salt = r.salt();
   const std::vector<size_t> in_offsets = block_offsets(input_splits, 0);
   const std::vector<size_t> out_offsets = block_offsets(output_splits, 0);
-  BufferPtr input = make_buffer(dtype, in_offsets.back());
+  // split() is at most n + 3: a bound on every rank's total, the same on all of them.
+  const size_t at_most = p * (n + 3);
+  BufferPtr input = make_buffer(v, dtype, in_offsets.back(), at_most);
   for (size_t j = 0; j < p; ++j) {
     input->fill(in_offsets[j], input_splits[j],
                 [&](size_t k) { return pattern(dtype, salt, me, k, j); });
   }
   const bool in_place = is_in_place(form);
-  BufferPtr result = in_place ? input : make_buffer(dtype, out_offsets.back());
+  BufferPtr result = in_place ? input : make_buffer(v, dtype, out_offsets.back(), at_most);
   if (!in_place) result->fill([&](size_t i) { return sentinel(dtype, salt, i); });
   auto work = is_uneven(form)
                   ? v.pg->all_to_all(result->tensor(), input->tensor(), output_splits, input_splits)
@@ -1626,9 +1726,9 @@ void check_send_recv(Rank& r, const Variant& v, DType dtype, size_t n) {
   constexpr size_t kMessages = std::size(kTags);
   std::vector<Buffer> sent, received;
   for (size_t m = 0; m < kMessages; ++m) {
-    sent.emplace_back(dtype, n);
+    sent.emplace_back(v.arena.get(), dtype, n);
     sent.back().fill([&](size_t i) { return pattern(dtype, salt, v.pg->rank(), i, m); });
-    received.emplace_back(dtype, n);
+    received.emplace_back(v.arena.get(), dtype, n);
     received.back().fill([&](size_t i) { return sentinel(dtype, salt, i); });
   }
   std::vector<std::shared_ptr<Work>> works;
@@ -1658,7 +1758,7 @@ void check_send_recv_large(Rank& r, const Variant& v) {
   const std::string where =
       r.where(v, "send/recv (large)", dtype, "-", n, fmt::format("peer {}", peer));
   const uint64_t salt = r.salt();
-  Buffer out(dtype, n), in(dtype, n);
+  Buffer out(v.arena.get(), dtype, n), in(v.arena.get(), dtype, n);
   out.fill([&](size_t i) { return pattern(dtype, salt, v.pg->rank(), i); });
   in.fill([&](size_t i) { return sentinel(dtype, salt, i); });
   if (v.pg->rank() < peer) {
@@ -1681,10 +1781,10 @@ void check_send_recv_around_collective(Rank& r, const Variant& v) {
   const int prev = (v.pg->rank() + v.pg->size() - 1) % v.pg->size();
   const std::string where = r.where(v, "send, all_reduce, recv", DType::Int32, "sum", 7);
   const uint64_t salt = r.salt();
-  Buffer out(DType::Int32, 7), in(DType::Int32, 7);
+  Buffer out(v.arena.get(), DType::Int32, 7), in(v.arena.get(), DType::Int32, 7);
   out.fill([&](size_t i) { return pattern(DType::Int32, salt, v.pg->rank(), i); });
   const Reduction red(DType::Int32, ReduceOp::Sum, v.pg->size(), salt);
-  Buffer reduced(DType::Int32, 7);
+  Buffer reduced(v.arena.get(), DType::Int32, 7);
   reduced.fill([&](size_t i) { return red.input(v.pg->rank(), i); });
   const uint64_t first = v.pg->sequence_number();
   auto sent = v.pg->send(out.tensor(), next, 5);
@@ -1713,27 +1813,28 @@ void check_coalesced(Rank& r, const Variant& v, size_t n) {
   const Reduction avg_f16(DType::Float16, ReduceOp::Avg, v.pg->size(), salt + 2);
   const Reduction prod_f64(DType::Float64, ReduceOp::Prod, v.pg->size(), salt + 3);
 
-  Buffer a(DType::Float32, n);
+  Buffer a(v.arena.get(), DType::Float32, n);
   a.fill([&](size_t i) { return sum_f32.input(v.pg->rank(), i); });
-  Buffer b_in(DType::Int32, n), b_out(DType::Int32, n);
+  Buffer b_in(v.arena.get(), DType::Int32, n), b_out(v.arena.get(), DType::Int32, n);
   b_in.fill([&](size_t i) { return max_i32.input(v.pg->rank(), i); });
-  Buffer c(DType::Int64, n);
+  Buffer c(v.arena.get(), DType::Int64, n);
   c.fill([&](size_t i) {
     return v.pg->rank() == last ? pattern(DType::Int64, salt, last, i)
                                 : sentinel(DType::Int64, salt, i);
   });
   const std::vector<size_t> gather_offsets = block_offsets(std::vector<size_t>(p, n), 1);
-  Buffer d_in(DType::BFloat16, n), d_out(DType::BFloat16, gather_offsets.back());
+  Buffer d_in(v.arena.get(), DType::BFloat16, n),
+      d_out(v.arena.get(), DType::BFloat16, gather_offsets.back());
   d_in.fill([&](size_t i) { return pattern(DType::BFloat16, salt, v.pg->rank(), i); });
   std::vector<Tensor> d_list;
   for (size_t q = 0; q < p; ++q) d_list.push_back(d_out.tensor(gather_offsets[q], n));
-  Buffer e_in(DType::Float16, p * n), e_out(DType::Float16, n);
+  Buffer e_in(v.arena.get(), DType::Float16, p * n), e_out(v.arena.get(), DType::Float16, n);
   e_in.fill([&](size_t i) { return avg_f16.input(v.pg->rank(), i); });
-  Buffer f_in(DType::UInt8, p * n), f_out(DType::UInt8, p * n);
+  Buffer f_in(v.arena.get(), DType::UInt8, p * n), f_out(v.arena.get(), DType::UInt8, p * n);
   f_in.fill([&](size_t i) { return pattern(DType::UInt8, salt, v.pg->rank(), i % n, i / n); });
-  Buffer g(DType::Float64, n);
+  Buffer g(v.arena.get(), DType::Float64, n);
   g.fill([&](size_t i) { return prod_f64.input(v.pg->rank(), i); });
-  Buffer h_out(DType::Int8, n), h_in(DType::Int8, n);
+  Buffer h_out(v.arena.get(), DType::Int8, n), h_in(v.arena.get(), DType::Int8, n);
   h_out.fill([&](size_t i) { return pattern(DType::Int8, salt, v.pg->rank(), i); });
 
   std::vector<std::shared_ptr<Work>> works;
@@ -1799,8 +1900,8 @@ void check_coalesced_receives_first(Rank& r, const Variant& v, size_t n) {
   const int prev = (v.pg->rank() + p - 1) % p;
   const std::string where = r.where(v, "coalesced recv before send", DType::Int32, "-", n);
   const uint64_t salt = r.salt();
-  Buffer from_prev(DType::Int32, n), from_next(DType::Int32, n);
-  Buffer to_next(DType::Int32, n), to_prev(DType::Int32, n);
+  Buffer from_prev(v.arena.get(), DType::Int32, n), from_next(v.arena.get(), DType::Int32, n);
+  Buffer to_next(v.arena.get(), DType::Int32, n), to_prev(v.arena.get(), DType::Int32, n);
   to_next.fill([&](size_t i) { return pattern(DType::Int32, salt, v.pg->rank(), i, 1); });
   to_prev.fill([&](size_t i) { return pattern(DType::Int32, salt, v.pg->rank(), i, 2); });
   v.pg->start_coalescing();
@@ -1994,7 +2095,7 @@ void check_every_variant(Rank& r) {
     NewGroupOptions options;
     options.name = "reversed-shm" + shm;
     options.backend_settings = {{"shm", shm}};
-    const Variant v{"auto", shm, r.world->new_group(reversed, options)};
+    const Variant v{"auto", shm, r.world->new_group(reversed, options), nullptr};
     if (v.pg->rank() != r.size - 1 - r.rank) {
       r.report.add(
           fmt::format("rank {}/{}: rank {} in the reversed group", r.rank, r.size, v.pg->rank()));
@@ -2128,6 +2229,52 @@ void expect_invalid(Rank& r, std::string_view what, std::string_view argument, F
   // The call was issued on this rank alone: the group cannot be trusted afterwards.
   throw std::runtime_error(
       fmt::format("{}: no error (expected InvalidArgument naming \"{}\")", where, argument));
+}
+
+// Under symmetric_mode(): a tensor that starts inside a variant's symmetric buffer and ends past
+// it is refused with InvalidArgument naming the rank, the group and the op, whether the collective
+// has a zero-copy path (all_reduce) or not (reduce), and the group goes on.
+void check_straddling(Rank& r, const Variant& v) {
+  const SymmetricBuffer& buffer = v.arena->buffer();
+  // Two floats: the first in the buffer's last four bytes, the second past its end.
+  const Tensor straddling{static_cast<unsigned char*>(buffer.data()) + buffer.size() - 4, 2,
+                          DType::Float32, Device::cpu()};
+  const std::vector<std::pair<std::string, std::function<std::shared_ptr<Work>()>>> calls = {
+      {"all_reduce", [&] { return v.pg->all_reduce(straddling); }},
+      {"reduce", [&] { return v.pg->reduce(straddling, 0); }}};
+  for (const auto& [op, call] : calls) {
+    const std::string where =
+        r.where(v, op, DType::Float32, "sum", 2, "straddling the symmetric buffer's end");
+    try {
+      call()->wait();
+      r.report.add(fmt::format("{}: no error (expected InvalidArgument)", where));
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      const std::string names =
+          fmt::format("rank {}/{} group \"{}\" {}", v.pg->rank(), v.pg->size(), v.pg->name(), op);
+      if (e.code() != ErrorCode::InvalidArgument || what.find("straddles") == std::string::npos ||
+          what.find(names) == std::string::npos) {
+        r.report.add(
+            fmt::format("{}: expected InvalidArgument naming \"{}\" and saying it straddles, "
+                        "got {}: {}",
+                        where, names, error_code_name(e.code()), what));
+      }
+    }
+  }
+  check_all_reduce(r, v, DType::Float32, ReduceOp::Sum, 1031, false);
+}
+
+TEST_CASE("in symmetric mode a tensor straddling a symmetric buffer's end is InvalidArgument",
+          "[conformance][symmetric]") {
+  if (!symmetric_mode()) {
+    WARN("skipped: runs under WEFT_TEST_SYMMETRIC=1 (weft-conformance --symmetric) only");
+    return;
+  }
+  for (int size : {1, 2, 3}) {
+    run_world(size, {"auto"}, [](Rank& r) {
+      for (const Variant& v : r.variants) check_straddling(r, v);
+    });
+  }
 }
 
 TEST_CASE("argument errors are InvalidArgument naming the argument, and issue nothing",

@@ -5,11 +5,13 @@
 //
 //   weft-conformance --plugin ./libweft-backend-mine.so --only all_reduce,p2p
 //   weft-conformance --plugin mine --unsupported=report   # a partial plugin: what it lacks
+//   weft-conformance --symmetric                           # tcp, every tensor in symmetric memory
 //
 // The options set the suite's environment variables (WEFT_TEST_BACKEND, WEFT_TEST_UNSUPPORTED,
-// WEFT_TEST_WORLD_SIZES, WEFT_TEST_FULL) and its Catch2 test spec; what follows `--` goes to
-// Catch2 as is (e.g. `-- --durations yes`). Exit status: 0 when every family run passed (or,
-// under --unsupported=report, passed or was unsupported), 1 when one failed, 2 for a usage error.
+// WEFT_TEST_WORLD_SIZES, WEFT_TEST_FULL, WEFT_TEST_SYMMETRIC) and its Catch2 test spec; what
+// follows `--` goes to Catch2 as is (e.g. `-- --durations yes`). Exit status: 0 when every family
+// run passed (or, under --unsupported=report, passed or was unsupported), 1 when one failed, 2 for
+// a usage error.
 #define CATCH_CONFIG_RUNNER
 #include <stdlib.h>
 
@@ -50,6 +52,8 @@ options:
                         family; report: it is listed in the table as unsupported, not failed
   --world-sizes N,M,... run these world sizes only (default 1,2,3,4,5,8)
   --full                the whole cross product (world sizes 1 to 8, every form): minutes
+  --symmetric           every tensor in a symmetric buffer of its group (tcp with shared memory
+                        only; docs/symmetric-memory.md), and the symmetric family runs
   --list                list the families and their test cases, then exit
   -h, --help            this text
 )";
@@ -157,6 +161,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> only, skip, catch_args;
   std::string unsupported = "fail";
   bool list = false;
+  bool symmetric = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     // --name VALUE or --name=VALUE.
@@ -192,6 +197,8 @@ int main(int argc, char** argv) {
       setenv("WEFT_TEST_WORLD_SIZES", v->c_str(), 1);
     } else if (arg == "--full") {
       setenv("WEFT_TEST_FULL", "1", 1);
+    } else if (arg == "--symmetric") {
+      symmetric = true;
     } else if (arg == "--list") {
       list = true;
     } else {
@@ -233,6 +240,14 @@ int main(int argc, char** argv) {
   }
   setenv("WEFT_TEST_BACKEND", backend.c_str(), 1);
   setenv("WEFT_TEST_UNSUPPORTED", unsupported.c_str(), 1);
+  if (symmetric) {
+    if (backend != "tcp") {
+      usage_error(fmt::format("--symmetric runs on the tcp backend only, not {}", backend));
+    }
+    setenv("WEFT_TEST_SYMMETRIC", "1", 1);
+  } else if (std::find(only.begin(), only.end(), "symmetric") == only.end()) {
+    skip.push_back("symmetric");  // its checks need symmetric memory: a pass would say nothing
+  }
 
   // The Catch2 spec: "[a]~[s],[b]~[s]" (a comma is "or", juxtaposition "and").
   std::string spec;

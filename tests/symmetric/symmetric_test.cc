@@ -3,8 +3,8 @@
 // to 8 ranks at offsets off the 8-byte and cache-line grid, in and out of place, sizes 0 to several
 // MiB; reduce_scatter, all_gather and broadcast; two groups' buffers at once; and the failure
 // rules: a tensor that straddles a buffer's end, a buffer released while in use, ranks that
-// disagree, a rank killed with SIGKILL (PeerLost, and nothing left in /dev/shm), a group that
-// cannot share memory.
+// disagree, a rank killed with SIGKILL before it posts and one killed mid-reduction (PeerLost
+// within 5 s, and nothing left in /dev/shm), a group that cannot share memory.
 //
 // Every result is checked element by element against a reference computed here from a closed
 // form f(rank, i), never with weft's reduce code. Values are small multiples of 1/2 (floating
@@ -12,12 +12,16 @@
 // ranks reduce in; integers wrap as runtime/reduce.h specifies, computed here modulo 2^bits.
 #include <dirent.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -416,6 +420,160 @@ TEST_CASE("symmetric reduce_scatter, all_gather and broadcast match the referenc
   }
 }
 
+// reduce, every dtype and op, roots turning: the root's output in the inputs' buffer (each rank
+// writes its slice of it), in place, and in ordinary memory (the root reduces alone); off the
+// 8-byte grid on every other round. Off the root nothing but the input is passed, and nothing in
+// the buffer but the inputs is touched.
+TEST_CASE("symmetric reduce matches the reference for every dtype, op and root on 1 to 5 ranks",
+          "[symmetric][multiproc]") {
+  for (int ranks = 1; ranks <= 5; ++ranks) {
+    DYNAMIC_SECTION(ranks << " ranks") {
+      const uint16_t port = test::free_port();
+      test::run_ranks_ok(ranks, [&](int rank) {
+        auto pg = join(port, rank, ranks);
+        auto buffer = pg->allocate_symmetric(2 * 20000 * 8 + 64);
+        auto* base = static_cast<std::byte*>(buffer->data());
+        size_t round = 0;
+        for (DType d : kAllDTypes) {
+          const size_t element = dtype_size(d);
+          for (ReduceOp op : ops_for(d)) {
+            for (size_t count : {size_t{0}, size_t{7}, size_t{1000}, size_t{20000}}) {
+              const int root = static_cast<int>(round % ranks);
+              const int placement = static_cast<int>(round % 3);  // buffer, in place, ordinary
+              const size_t in_at = round % 2 == 1 ? 3 * element : 0;
+              ++round;
+              const size_t out_at = 20000 * 8 + in_at;
+              std::byte* in = base + in_at;
+              fill_input(in, d, op, rank, count);
+              std::memset(base + out_at, 0xa5, count * element);
+              std::vector<std::byte> ordinary(count * element, std::byte{0xa5});
+              const Tensor input = buffer->view(d, in_at, count);
+              const std::string what = fmt::format("reduce root {} placement {}", root, placement);
+              if (placement == 1) {
+                pg->reduce(input, root, op)->wait();
+              } else {
+                const Tensor output = placement == 0
+                                          ? buffer->view(d, out_at, count)
+                                          : Tensor{ordinary.data(), count, d, Device::cpu()};
+                pg->reduce(input, output, root, op)->wait();
+              }
+              const std::byte* out = placement == 0   ? base + out_at
+                                     : placement == 1 ? in
+                                                      : ordinary.data();
+              if (rank == root) {
+                check_reduced(out, d, op, ranks, count, rank, what);
+              }
+              if (rank != root || placement != 1) {
+                std::vector<std::byte> again(count * element);
+                fill_input(again.data(), d, op, rank, count);
+                RANK_CHECK(std::memcmp(again.data(), in, again.size()) == 0,
+                           "rank {} {} {} {}: the input changed", rank, what, dtype_name(d),
+                           describe(op));
+              }
+              if (rank != root || placement != 0) {
+                for (size_t i = 0; i < count * element; ++i) {
+                  RANK_CHECK(base[out_at + i] == std::byte{0xa5},
+                             "rank {} {} {} {}: byte {} after the inputs was written", rank, what,
+                             dtype_name(d), describe(op), i);
+                }
+              }
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
+// Byte j of element k of the block rank `from` sends rank `to`: distinct for every (from, to, k).
+std::byte sent_byte(int from, int to, size_t k, size_t j) {
+  return static_cast<std::byte>((from * 31 + to * 7 + k * 13 + j * 5 + 1) & 0xff);
+}
+
+// all_to_all of `splits` (splits[from][to] elements) with this rank's input at `in_at` and its
+// output at `out_at` of the buffer (the same place: in place), checked block by block.
+void all_to_all_and_check(ProcessGroup& pg, SymmetricBuffer& buffer, DType d, size_t in_at,
+                          size_t out_at, const std::vector<std::vector<size_t>>& splits,
+                          const std::string& what) {
+  const int rank = pg.rank();
+  const int ranks = pg.size();
+  const size_t element = dtype_size(d);
+  auto* base = static_cast<std::byte*>(buffer.data());
+  std::vector<size_t> send(ranks), recv(ranks);
+  for (int q = 0; q < ranks; ++q) {
+    send[q] = splits[rank][q];
+    recv[q] = splits[q][rank];
+  }
+  size_t at = in_at;
+  for (int q = 0; q < ranks; ++q) {
+    for (size_t b = 0; b < send[q] * element; ++b) {
+      base[at + b] = sent_byte(rank, q, b / element, b % element);
+    }
+    at += send[q] * element;
+  }
+  size_t in_count = 0, out_count = 0;
+  for (int q = 0; q < ranks; ++q) {
+    in_count += send[q];
+    out_count += recv[q];
+  }
+  if (out_at != in_at) std::memset(base + out_at, 0xa5, out_count * element);
+  pg.all_to_all(buffer.view(d, out_at, out_count), buffer.view(d, in_at, in_count), recv, send)
+      ->wait();
+  at = out_at;
+  for (int q = 0; q < ranks; ++q) {
+    for (size_t b = 0; b < recv[q] * element; ++b) {
+      RANK_CHECK(base[at + b] == sent_byte(q, rank, b / element, b % element),
+                 "rank {} {} {}: block from rank {} byte {} is {:#x}, expected {:#x}", rank, what,
+                 dtype_name(d), q, b, static_cast<int>(base[at + b]),
+                 static_cast<int>(sent_byte(q, rank, b / element, b % element)));
+    }
+    at += recv[q] * element;
+  }
+}
+
+TEST_CASE(
+    "symmetric all_to_all matches the reference on 1 to 5 ranks, in place or not, and uneven "
+    "splits take the message path on every rank",
+    "[symmetric][multiproc]") {
+  for (int ranks = 1; ranks <= 5; ++ranks) {
+    DYNAMIC_SECTION(ranks << " ranks") {
+      const uint16_t port = test::free_port();
+      test::run_ranks_ok(ranks, [&](int rank) {
+        auto pg = join(port, rank, ranks);
+        const size_t most = 5 * 1010 * 8;  // one rank's input or output, at most
+        auto buffer = pg->allocate_symmetric(2 * most + 64);
+        for (DType d : {DType::Float32, DType::Int64, DType::UInt8, DType::BFloat16}) {
+          const size_t element = dtype_size(d);
+          for (size_t n : {size_t{0}, size_t{1}, size_t{1000}}) {
+            const std::vector<std::vector<size_t>> even(ranks, std::vector<size_t>(ranks, n));
+            // Off the 8-byte grid for the narrow types (one element in).
+            all_to_all_and_check(*pg, *buffer, d, element, most + 3 * element, even,
+                                 fmt::format("even n {}", n));
+            all_to_all_and_check(*pg, *buffer, d, element, element, even,
+                                 fmt::format("even in place n {}", n));
+            // Uneven: n + (3 from + to) % 3, some blocks empty.
+            std::vector<std::vector<size_t>> uneven(ranks, std::vector<size_t>(ranks));
+            for (int f = 0; f < ranks; ++f) {
+              for (int t = 0; t < ranks; ++t) uneven[f][t] = (f + t) % 4 == 3 ? 0 : n + (f + t) % 3;
+            }
+            all_to_all_and_check(*pg, *buffer, d, 0, most, uneven, fmt::format("uneven n {}", n));
+            if (ranks >= 3 && n >= 2) {
+              // Rank 0 sends and receives n everywhere, so its own splits look even; ranks 1 and
+              // P-1 do not. Every rank must still take the message path (before, rank 0 alone
+              // went zero-copy and waited for the others in its barrier).
+              std::vector<std::vector<size_t>> deceptive = even;
+              deceptive[1][ranks - 1] = n - 2;
+              deceptive[ranks - 1][ranks - 1] = n + 2;
+              all_to_all_and_check(*pg, *buffer, d, 0, most, deceptive,
+                                   fmt::format("even on rank 0 only, n {}", n));
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
 TEST_CASE("two groups' symmetric buffers are used at once, each with its own group",
           "[symmetric][multiproc]") {
   const uint16_t port = test::free_port();
@@ -477,6 +635,18 @@ TEST_CASE("a tensor that straddles a symmetric buffer's end is refused with Inva
       const std::string what = e.what();
       RANK_CHECK(what.find("straddles") != std::string::npos, "{}", what);
       RANK_CHECK(what.find(fmt::format("rank {}/2", rank)) != std::string::npos, "{}", what);
+    }
+    // The message path too (reduce has no zero-copy path): it would read past the mapping.
+    try {
+      pg->reduce(straddling, 0)->wait();
+      RANK_CHECK(false, "reduce of a straddling tensor succeeded");
+    } catch (const Error& e) {
+      RANK_CHECK(e.code() == ErrorCode::InvalidArgument, "{}", e.what());
+      const std::string what = e.what();
+      RANK_CHECK(what.find("straddles") != std::string::npos, "{}", what);
+      RANK_CHECK(
+          what.find(fmt::format("rank {}/2 group \"world\" reduce", rank)) != std::string::npos,
+          "{}", what);
     }
     // The group goes on.
     auto* f = static_cast<float*>(buffer->data());
@@ -629,6 +799,110 @@ TEST_CASE(
   const std::vector<std::string> left = shm_entries(job);
   INFO(fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
   CHECK(left.empty());
+}
+
+// What the killed rank leaves for the parent and the survivors, in memory shared across the fork:
+// steady_clock is CLOCK_MONOTONIC, one clock for every process on the host.
+struct KillRecord {
+  std::atomic<int64_t> killed_at{0};  // steady_clock nanoseconds just before raise(SIGKILL)
+  std::atomic<uint64_t> entered{0};   // the killed rank's all_reduces begun (1, 2, ...)
+  std::atomic<int64_t> delay_ms{0};   // the random delay it was killed after
+};
+
+TEST_CASE(
+    "killing a rank in the middle of zero-copy all_reduces fails the others with PeerLost within "
+    "5 s and leaves nothing in /dev/shm",
+    "[symmetric][multiproc][faults]") {
+  // Large all_reduces back to back (32 MiB of floats on 3 ranks: about 10 ms each here, nearly
+  // all of it the reduction and copies out), and rank 2 killed by a thread after a random delay:
+  // it dies inside one of them, almost always while the others reduce their slices or wait in the
+  // second barrier (the barriers themselves take microseconds).
+  void* shared = ::mmap(nullptr, sizeof(KillRecord), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(shared != MAP_FAILED);
+  auto* record = new (shared) KillRecord;
+  const std::string job = unique_job("midkill");
+  ::setenv("WEFT_JOB_ID", job.c_str(), 1);
+  const uint16_t port = test::free_port();
+  const int ranks = 3;
+  const size_t count = size_t{8} << 20;
+  auto results = test::run_ranks(
+      ranks,
+      [&](int rank) {
+        auto pg = join(port, rank, ranks);
+        auto buffer = pg->allocate_symmetric(2 * count * sizeof(float));
+        auto* in = static_cast<float*>(buffer->data());
+        float* out = in + count;
+        for (size_t i = 0; i < count; ++i) in[i] = 1.0f;
+        const Tensor input = buffer->view<float>(0, count);
+        const Tensor output = buffer->view<float>(count, count);
+        const auto start = Clock::now();
+        uint64_t completed = 0;
+        while (Clock::now() - start < seconds(20)) {
+          if (rank == 2) record->entered = completed + 1;
+          try {
+            pg->all_reduce(input, output)->wait();
+          } catch (const Error& e) {
+            const auto failed = Clock::now();
+            const std::string what = e.what();
+            RANK_CHECK(rank != 2, "rank 2 failed before it was killed: {}", what);
+            RANK_CHECK(e.code() == ErrorCode::PeerLost, "{}", what);
+            RANK_CHECK(what.find("rank 2") != std::string::npos, "{}", what);
+            // Where this rank waited: the second barrier when rank 2 died reducing; the next
+            // call's first when it died waiting in its second, after arriving there.
+            RANK_CHECK(what.find("symmetric barrier (leave)") != std::string::npos ||
+                           what.find("symmetric barrier (enter)") != std::string::npos,
+                       "{}", what);
+            RANK_CHECK(what.find(fmt::format("rank {}/3 group \"world\" all_reduce #", rank)) !=
+                           std::string::npos,
+                       "{}", what);
+            const int64_t killed_at = record->killed_at;
+            RANK_CHECK(killed_at != 0, "failed before rank 2 was killed: {}", what);
+            const auto after = failed.time_since_epoch() - Clock::duration(killed_at);
+            RANK_CHECK(after < seconds(5), "PeerLost {} ms after the kill: {}",
+                       std::chrono::duration_cast<milliseconds>(after).count(), what);
+            // Rank 2 died inside the call this rank fails in, or (in the instant between two)
+            // just before entering it.
+            const uint64_t theirs = record->entered;
+            RANK_CHECK(completed + 1 == theirs || completed == theirs,
+                       "this rank failed in all_reduce {}, rank 2 died in {}", completed + 1,
+                       theirs);
+            if (rank == 0) std::this_thread::sleep_for(milliseconds(1000));  // hosts the store
+            return;
+          }
+          ++completed;
+          // Rank 2 is killed a random delay after its first call, when every rank is in the loop.
+          if (rank == 2 && completed == 1) {
+            std::thread([record] {
+              std::random_device seed;
+              const int64_t delay = 20 + seed() % 100;
+              record->delay_ms = delay;
+              std::this_thread::sleep_for(milliseconds(delay));
+              record->killed_at = Clock::now().time_since_epoch().count();
+              ::raise(SIGKILL);
+            }).detach();
+          }
+          RANK_CHECK(out[0] == 3.0f && out[count - 1] == 3.0f, "rank {} call {}: {} {}", rank,
+                     completed, out[0], out[count - 1]);
+        }
+        RANK_CHECK(false, "rank {}: {} all_reduces in 20 s and no PeerLost", rank, completed);
+      },
+      seconds(60));
+  ::unsetenv("WEFT_JOB_ID");
+  INFO(fmt::format("rank 2 killed after {} ms, in all_reduce {}\n{}", record->delay_ms.load(),
+                   record->entered.load(), test::describe_failures(results)));
+  for (const auto& r : results) {
+    if (r.rank == 2) {
+      CHECK(r.signal == SIGKILL);
+    } else {
+      CHECK(r.exit_code == 0);
+    }
+  }
+  CHECK(record->entered.load() > 1);  // it died mid-loop, not in the first call
+  const std::vector<std::string> left = shm_entries(job);
+  INFO(fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
+  CHECK(left.empty());
+  ::munmap(shared, sizeof(KillRecord));
 }
 
 TEST_CASE("a group without shared memory refuses allocate_symmetric with Unsupported saying why",
