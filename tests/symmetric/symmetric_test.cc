@@ -463,7 +463,7 @@ TEST_CASE("symmetric reduce matches the reference for every dtype, op and root o
               if (rank == root) {
                 check_reduced(out, d, op, ranks, count, rank, what);
               }
-              if (rank != root || placement != 1) {
+              if ((rank != root || placement != 1) && count > 0) {  // memcmp takes no null
                 std::vector<std::byte> again(count * element);
                 fill_input(again.data(), d, op, rank, count);
                 RANK_CHECK(std::memcmp(again.data(), in, again.size()) == 0,
