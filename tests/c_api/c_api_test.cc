@@ -18,6 +18,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "weft/tcp_store.h"
 #include "weft/weft.h"
 
 #include "tests/c_api/c_api_test_support.h"
@@ -596,12 +597,18 @@ TEST_CASE(
     RANK_CHECK(data != nullptr && bytes == 4096);
     auto* x = static_cast<int32_t*>(data);
     for (int i = 0; i < 1000; ++i) x[i] = rank * 100 + i;
-    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // Rank 2 posts only once rank 0 has tried to free the buffer: until then rank 0's
+    // all_reduce waits for it. (The hand-off goes through the C++ store client: the C API has
+    // none.)
+    TCPStore side(
+        TCPStoreOptions{.host = "127.0.0.1", .port = port, .timeout = std::chrono::seconds(20)});
+    if (rank == 2) side.wait({"test/free_tried"}, std::chrono::seconds(20));
     weft_work_t* work = nullptr;
     EXPECT_OK(weft_all_reduce(g, x, x, 1000, WEFT_INT32, WEFT_SUM, &work));
     if (rank == 0) {
       EXPECT_RESULT(weft_symmetric_free(buffer), WEFT_ERR_INVALID_ARGUMENT, "all_reduce #1",
                     "still in use");
+      side.set("test/free_tried", "1");
     }
     EXPECT_OK(weft_work_wait(work, -1));
     EXPECT_OK(weft_work_free(work));

@@ -55,6 +55,23 @@ std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size,
   return init_process_group(options);
 }
 
+// A client of the group's store (rank 0 hosts it), for the tests' own hand-offs between ranks.
+std::unique_ptr<TCPStore> side_store(uint16_t port) {
+  return std::make_unique<TCPStore>(
+      TCPStoreOptions{.host = "127.0.0.1", .port = port, .timeout = seconds(20)});
+}
+
+// Rank 0 hosts the store, so it leaves last: rank 1 destroys its group (which may still talk to
+// the store) and then says so; rank 0 waits for that. (The other ranks are dead in these tests.)
+void leave_before_the_store(std::shared_ptr<ProcessGroup>& pg, TCPStore& side, int rank) {
+  if (rank == 1) {
+    pg.reset();
+    side.set("test/left/1", "1");
+  } else if (rank == 0) {
+    side.wait({"test/left/1"}, seconds(20));
+  }
+}
+
 // ---- The reference.
 
 bool is_float(DType d) {
@@ -664,7 +681,9 @@ TEST_CASE("releasing a symmetric buffer while a collective uses it is refused, n
     auto buffer = pg->allocate_symmetric(1 << 20);
     auto* f = static_cast<float*>(buffer->data());
     for (int i = 0; i < 1000; ++i) f[i] = static_cast<float>(rank + i);
-    if (rank == 1) std::this_thread::sleep_for(milliseconds(500));  // rank 0's call waits for it
+    // Rank 1 posts only once rank 0 has tried the release: until then rank 0's call waits for it.
+    auto side = side_store(port);
+    if (rank == 1) side->wait({"test/release_tried"}, seconds(20));
     auto work = pg->all_reduce(buffer->view<float>(0, 1000));
     if (rank == 0) {
       bool refused = false;
@@ -684,6 +703,7 @@ TEST_CASE("releasing a symmetric buffer while a collective uses it is refused, n
       std::weak_ptr<SymmetricBuffer> weak = buffer;
       buffer.reset();
       RANK_CHECK(!weak.expired(), "the running all_reduce does not hold the buffer");
+      side->set("test/release_tried", "1");
       work->wait();
       return;
     }
@@ -770,13 +790,18 @@ TEST_CASE(
     for (size_t i = 0; i < (2u << 20); ++i) f[i] = 1.0f;
     pg->all_reduce(buffer->view<float>(0, 2u << 20))->wait();  // a first one that succeeds
     RANK_CHECK(f[0] == 3.0f);
+    // Rank 2 dies once the others have posted the second all_reduce (so they wait for it in its
+    // barrier).
+    auto side = side_store(port);
     if (rank == 2) {
-      std::this_thread::sleep_for(milliseconds(300));  // the others wait in the barrier
+      side->wait({"test/posted/0", "test/posted/1"}, seconds(20));
       ::raise(SIGKILL);
     }
     const auto start = Clock::now();
     try {
-      pg->all_reduce(buffer->view<float>(0, 2u << 20))->wait();
+      auto work = pg->all_reduce(buffer->view<float>(0, 2u << 20));
+      side->set(fmt::format("test/posted/{}", rank), "1");
+      work->wait();
       RANK_CHECK(false, "rank {}: all_reduce succeeded without rank 2", rank);
     } catch (const Error& e) {
       const std::string what = e.what();
@@ -785,7 +810,7 @@ TEST_CASE(
       RANK_CHECK(what.find("all_reduce #2") != std::string::npos, "{}", what);
     }
     RANK_CHECK(Clock::now() - start < seconds(5), "PeerLost took more than 5 s");
-    if (rank == 0) std::this_thread::sleep_for(milliseconds(1000));  // it hosts the store
+    leave_before_the_store(pg, *side, rank);
   });
   ::unsetenv("WEFT_JOB_ID");
   for (const auto& r : results) {
@@ -867,7 +892,7 @@ TEST_CASE(
             RANK_CHECK(completed + 1 == theirs || completed == theirs,
                        "this rank failed in all_reduce {}, rank 2 died in {}", completed + 1,
                        theirs);
-            if (rank == 0) std::this_thread::sleep_for(milliseconds(1000));  // hosts the store
+            leave_before_the_store(pg, *side_store(port), rank);
             return;
           }
           ++completed;
