@@ -62,7 +62,8 @@ static_assert(same(WEFT_ERR_TIMEOUT, static_cast<int>(ErrorCode::Timeout)) &&
               same(WEFT_ERR_ABORTED, static_cast<int>(ErrorCode::Aborted)) &&
               same(WEFT_ERR_DESYNC, static_cast<int>(ErrorCode::Desync)) &&
               same(WEFT_ERR_PROTOCOL, static_cast<int>(ErrorCode::Protocol)) &&
-              same(WEFT_ERR_IO, static_cast<int>(ErrorCode::Io)));
+              same(WEFT_ERR_IO, static_cast<int>(ErrorCode::Io)) &&
+              same(WEFT_ERR_INTERNAL, static_cast<int>(ErrorCode::Internal)));
 static_assert(same(WEFT_FLOAT32, static_cast<int>(DType::Float32)) &&
               same(WEFT_FLOAT64, static_cast<int>(DType::Float64)) &&
               same(WEFT_FLOAT16, static_cast<int>(DType::Float16)) &&

@@ -22,6 +22,8 @@ std::string_view error_code_name(ErrorCode code) {
       return "Protocol";
     case ErrorCode::Io:
       return "Io";
+    case ErrorCode::Internal:
+      return "Internal";
   }
   return "Unknown";
 }

@@ -15,6 +15,10 @@ std::shared_ptr<SymmetricBuffer> Backend::allocate_symmetric(size_t bytes,
       fmt::format("backend \"{}\" has no symmetric memory ({} bytes asked)", name(), bytes));
 }
 
+std::shared_ptr<void> Backend::split(int /*color*/, int /*key*/, const ErrorContext& /*context*/) {
+  return nullptr;
+}
+
 std::shared_ptr<Work> Backend::post_coalesced(std::vector<Collective> collectives,
                                               ErrorContext context) {
   auto group = std::make_shared<Work>(context);
@@ -125,19 +129,27 @@ std::vector<std::pair<DeviceKind, std::string>> parse_backend_map(std::string_vi
                                                                   Registry& registry) {
   constexpr DeviceKind kKinds[] = {DeviceKind::Cpu, DeviceKind::Cuda};
   std::vector<std::pair<DeviceKind, std::string>> map;
+  // A backend serves CUDA tensors natively (nccl) or, when it serves host memory, by staging
+  // them through pinned host buffers (docs/cuda.md), as Gloo does for c10d.
   auto serves = [&](const Registry::Entry& entry, DeviceKind kind) {
-    return std::find(entry.devices.begin(), entry.devices.end(), kind) != entry.devices.end();
+    auto has = [&](DeviceKind k) {
+      return std::find(entry.devices.begin(), entry.devices.end(), k) != entry.devices.end();
+    };
+    return has(kind) || (kind == DeviceKind::Cuda && has(DeviceKind::Cpu));
   };
   if (text.empty()) {
     for (DeviceKind kind : kKinds) {
       std::string name = registry.default_for(kind);
+      if (name.empty() && kind == DeviceKind::Cuda) name = registry.default_for(DeviceKind::Cpu);
       if (!name.empty()) map.emplace_back(kind, name);
     }
     return map;
   }
   if (text.find(':') == std::string_view::npos) {
     Registry::Entry entry = registry.resolve(text);
-    for (DeviceKind kind : entry.devices) map.emplace_back(kind, entry.name);
+    for (DeviceKind kind : kKinds) {
+      if (serves(entry, kind)) map.emplace_back(kind, entry.name);
+    }
     return map;
   }
   size_t start = 0;

@@ -64,8 +64,47 @@ std::shared_ptr<Work> Work::failed(ErrorContext context, std::exception_ptr erro
 }
 
 bool Work::is_completed() const {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Pending) return true;
+    if (device_ == nullptr) return false;
+  }
+  return poll_device();
+}
+
+void Work::set_device_completion(std::shared_ptr<DeviceCompletion> completion) {
+  WEFT_CHECK(completion != nullptr, "set_device_completion needs an event");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    WEFT_CHECK(device_ == nullptr, "a Work's device completion was set twice");
+    device_ = std::move(completion);
+  }
+  completed_cv_.notify_all();
+}
+
+std::shared_ptr<DeviceCompletion> Work::device_completion() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return state_ != State::Pending;
+  return device_;
+}
+
+bool Work::poll_device() const {
+  std::shared_ptr<DeviceCompletion> device;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Pending) return true;
+    device = device_;
+  }
+  if (device == nullptr) return false;
+  // Completing is a change of state that any observer may make once the event has passed (as
+  // c10d's isCompleted() does): the Work object itself is never const where it lives.
+  Work& self = const_cast<Work&>(*this);
+  try {
+    if (!device->query()) return false;
+    self.complete_if_pending();
+  } catch (...) {
+    self.fail_if_pending(std::current_exception());
+  }
+  return true;
 }
 
 bool Work::is_success() const {
@@ -88,7 +127,54 @@ std::exception_ptr Work::exception() const {
 void Work::wait(std::chrono::milliseconds timeout) const {
   auto resolved = resolve_timeout(timeout, timeout_, context_, "wait");
   if (wait_helper_ && resolved >= timeout_ && !is_completed()) wait_helper_();
+  if (device_expected_) {
+    wait_on_device(deadline_after(Clock::now(), resolved), resolved);
+    return;
+  }
   wait_until(deadline_after(Clock::now(), resolved), resolved);
+}
+
+void Work::wait_on_device(Clock::time_point deadline, std::chrono::milliseconds waited) const {
+  std::shared_ptr<DeviceCompletion> device;
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    bool ready = completed_cv_.wait_until(
+        lock, deadline, [this] { return state_ != State::Pending || device_ != nullptr; });
+    if (!ready) {
+      throw Error(ErrorCode::Timeout, context_,
+                  fmt::format("its device work was not queued within {}; the operation is still "
+                              "running (abort the group to stop it, or set WEFT_TIMEOUT)",
+                              format_duration(waited)));
+    }
+    if (state_ == State::Pending) device = device_;
+    error = error_;
+  }
+  if (error) std::rethrow_exception(error);
+  if (device != nullptr) device->block_stream(current_cuda_stream());
+}
+
+void Work::synchronize(std::chrono::milliseconds timeout) const {
+  auto resolved = resolve_timeout(timeout, timeout_, context_, "synchronize");
+  if (!device_expected_) {
+    wait(resolved);
+    return;
+  }
+  if (wait_helper_ && resolved >= timeout_ && !is_completed()) wait_helper_();
+  const auto deadline = deadline_after(Clock::now(), resolved);
+  // The device has no way to wake a host thread but the event: poll it, sleeping on the state's
+  // condition variable in between (a failure or a watchdog's completion wakes it at once), from
+  // 20 us up to 1 ms per round.
+  auto slice = std::chrono::microseconds(20);
+  while (!poll_device()) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    completed_cv_.wait_until(lock, std::min(deadline, now + slice),
+                             [this] { return state_ != State::Pending; });
+    slice = std::min(slice * 2, std::chrono::microseconds(1000));
+  }
+  wait_until(deadline, resolved);
 }
 
 void Work::wait_until(Clock::time_point deadline, std::chrono::milliseconds waited) const {
@@ -157,18 +243,31 @@ void Work::fail(std::exception_ptr error) {
   finish(State::Failed, std::move(error));
 }
 
+bool Work::complete_if_pending() { return finish(State::Succeeded, nullptr, true); }
+
+bool Work::fail_if_pending(std::exception_ptr error) {
+  WEFT_CHECK(error != nullptr, "fail_if_pending() needs an error");
+  return finish(State::Failed, std::move(error), true);
+}
+
 void Work::mark_started() const {
   if (trace_.recorder) trace_.recorder->started(trace_);
 }
 
-void Work::finish(State state, std::exception_ptr error) {
+bool Work::finish(State state, std::exception_ptr error, bool if_pending) {
+  if (if_pending) {
+    // Several threads may race to finish this Work: claim it before reporting to the recorder.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Pending || finishing_) return false;
+    finishing_ = true;
+  }
   // The recorder first: a failure may dump the process's flight recorders, and that must happen
   // before a waiter learns of the failure (and perhaps exits).
   if (trace_.recorder) trace_.recorder->finished(trace_, error);
   std::vector<Callback> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    WEFT_CHECK(state_ == State::Pending,
+    WEFT_CHECK(state_ == State::Pending && (if_pending || !finishing_),
                "a Work was completed twice (complete() or fail() after completion)");
     state_ = state;
     error_ = std::move(error);
@@ -177,6 +276,7 @@ void Work::finish(State state, std::exception_ptr error) {
   // Waiters are woken before callbacks run, so a slow callback never delays them.
   completed_cv_.notify_all();
   for (const auto& callback : callbacks) run_callback(callback);
+  return true;
 }
 
 void Work::run_callback(const Callback& callback) const {
@@ -210,7 +310,11 @@ void wait_all(std::span<const std::shared_ptr<Work>> works, std::chrono::millise
     if (work->wait_helper_ && resolved >= work->timeout() && !work->is_completed()) {
       work->wait_helper_();
     }
-    work->wait_until(deadline_after(start, resolved), resolved);
+    if (work->device_expected_) {
+      work->wait_on_device(deadline_after(start, resolved), resolved);
+    } else {
+      work->wait_until(deadline_after(start, resolved), resolved);
+    }
   }
 }
 

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "weft/cuda.h"
 #include "weft/device.h"
 #include "weft/error.h"
 #include "weft/reduce_op.h"
@@ -94,6 +95,10 @@ struct Collective {
   // AllToAll: elements sent to / received from each rank.
   std::vector<size_t> send_counts;
   std::vector<size_t> recv_counts;
+  // CUDA tensors: the caller's current stream when it posted the call (weft/cuda.h): the
+  // operation must run after what that stream had queued. nullptr (the legacy default stream)
+  // for host tensors.
+  CudaStream stream = nullptr;
   // Set by the group: where its flight recorder keeps this call. A backend passes it to the Work
   // it returns (Work::set_trace); one that does not loses only the start time of its operations.
   TraceRef trace;
@@ -114,6 +119,14 @@ struct BackendOptions {
   // reads "algo" (as WEFT_ALGO) and "shm" ("0"/"1", as WEFT_SHM); a backend ignores keys it does
   // not know.
   std::map<std::string, std::string> settings;
+  // For a group made by new_group()/split(): what the parent group's backend of the same device
+  // kind returned from Backend::split() on this rank (nullptr when it returned nothing, or the
+  // parent had no such backend yet). The nccl backend passes the communicator that
+  // ncclCommSplit made.
+  std::shared_ptr<void> from_parent;
+  // The device kind this backend serves for the group (a host backend may serve CUDA tensors by
+  // staging them: docs/cuda.md).
+  DeviceKind device = DeviceKind::Cpu;
 };
 
 // A backend runs one group's operations. Implementations: backends/tcp (cpu), plugins.
@@ -146,6 +159,14 @@ class Backend {
   // naming the backend.
   virtual std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t bytes,
                                                               const ErrorContext& context);
+
+  // Called on every rank of the group when new_group() or split() forms sub-groups, in the
+  // group's issue order: `color` is the sub-group this rank joins (kNoColor: none; for
+  // new_group, 0 for members), `key` orders the sub-group's ranks. What it returns reaches the
+  // sub-group's backend of the same device kind as BackendOptions::from_parent. The default
+  // returns nullptr (the sub-group's backend connects through its own store). Throws weft::Error.
+  static constexpr int kNoColor = -1;
+  virtual std::shared_ptr<void> split(int color, int key, const ErrorContext& context);
 
   // Whether a Recv from kAnySource works here. The group refuses it, Unsupported, where not.
   virtual bool supports_recv_any() const { return false; }

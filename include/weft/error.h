@@ -37,6 +37,9 @@ enum class ErrorCode : int {
   Protocol = 7,
   // An operating-system call failed (socket, file, mmap). The message carries errno's text.
   Io = 8,
+  // Something below weft failed in a way no retry fixes: a CUDA device error, an NCCL internal
+  // error, a bug in weft or a plugin. The group is unusable; report it with the message.
+  Internal = 9,
 };
 
 // The code's name as printed in messages and logs: "PeerLost".

@@ -21,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "weft/cuda.h"
 #include "weft/error.h"
 
 namespace weft {
@@ -36,6 +37,21 @@ struct TraceRef {
   uint64_t first = 0;
   uint32_t count = 0;
   uint64_t seq = 0;  // the highest collective sequence number among them; 0: send/recv only
+};
+
+// The device side of an operation that ends on a CUDA device (the nccl backend; CUDA tensors on
+// a host backend, which copy back on the device): an event recorded after its last kernel or copy.
+// A backend gives one to its Work (Work::set_device_completion) once the operation's device work
+// is queued. Implementations call the CUDA runtime; weft's core never does.
+class DeviceCompletion {
+ public:
+  virtual ~DeviceCompletion() = default;
+  // Whether the device has finished the operation. Never blocks. Throws weft::Error when the
+  // device reports an error.
+  virtual bool query() = 0;
+  // Makes `stream` wait for the operation (cudaStreamWaitEvent): later work queued on `stream`
+  // runs after it. Never blocks the host.
+  virtual void block_stream(CudaStream stream) = 0;
 };
 
 // A Work is the state of one asynchronous operation: pending until the thread that runs the
@@ -83,7 +99,9 @@ class Work {
   // collective issued on an aborted group). REQUIRES: error != nullptr.
   static std::shared_ptr<Work> failed(ErrorContext context, std::exception_ptr error);
 
-  // True once the Work has succeeded or failed. Never blocks beyond the state mutex.
+  // True once the Work has succeeded or failed. Never blocks beyond the state mutex (for a Work
+  // that ends on a device, it also asks the device whether the end event has passed, and
+  // completes the Work when it has).
   bool is_completed() const;
   // True once the Work has succeeded; false while pending or after a failure.
   bool is_success() const;
@@ -104,7 +122,18 @@ class Work {
   // says the operation did not complete in time; the Work keeps running and may complete later.
   // A timeout of 0 checks once. A negative timeout other than kDefaultTimeout throws
   // Error(InvalidArgument). Callbacks may still be running when wait() returns.
+  //
+  // A Work that ends on a device (expects_device_completion()) follows c10d's CUDA semantics
+  // instead: wait() blocks the host only until the operation's device work is queued (at once for
+  // the nccl backend), then makes the calling thread's current CUDA stream (weft/cuda.h) wait for
+  // it and returns; it rethrows the error of a Work that has already failed. synchronize() is the
+  // host-blocking wait.
   void wait(std::chrono::milliseconds timeout = kDefaultTimeout) const;
+
+  // Blocks the host until the Work has completed, device work included, or `timeout` passes
+  // (Error(Timeout), as wait()). Rethrows the Work's error. For a Work that does not end on a
+  // device it is wait().
+  void synchronize(std::chrono::milliseconds timeout = kDefaultTimeout) const;
 
   // Runs `callback(*this)` once, when the Work completes: at once on the calling thread if it
   // already has, otherwise on the thread that completes it (for a collective, the progress
@@ -148,6 +177,22 @@ class Work {
   // The timeout wait() uses by default (never kDefaultTimeout: resolved at construction).
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // Device side, for the backend. expect_device_completion() (before the Work is shared) says the
+  // operation ends on a device: wait() then follows the stream semantics above.
+  // set_device_completion() hands over the device's end event once the operation's device work
+  // is queued (before or after sharing; waiters in wait() are woken). From then on, whoever sees
+  // the event pass first (is_completed(), synchronize(), the backend's watchdog) completes the
+  // Work, through complete_if_pending().
+  void expect_device_completion() { device_expected_ = true; }
+  bool expects_device_completion() const { return device_expected_; }
+  void set_device_completion(std::shared_ptr<DeviceCompletion> completion);
+  // The end event handed over, or nullptr.
+  std::shared_ptr<DeviceCompletion> device_completion() const;
+  // complete() / fail() for the Work that several threads may finish: only the first call has an
+  // effect; returns whether it was this one.
+  bool complete_if_pending();
+  bool fail_if_pending(std::exception_ptr error);
+
   // Completion side, for the thread that runs the operation (a backend's progress thread).
   // Each wakes every waiter, then runs the callbacks on the calling thread.
   //
@@ -175,8 +220,15 @@ class Work {
   // `waited` as the time waited. Shared by wait() and wait_all().
   void wait_until(std::chrono::steady_clock::time_point deadline,
                   std::chrono::milliseconds waited) const;
-  // Moves to `state` and runs the callbacks. REQUIRES: state != Pending.
-  void finish(State state, std::exception_ptr error);
+  // Moves to `state` and runs the callbacks. REQUIRES: state != Pending. With `if_pending`,
+  // returns false (and does nothing) when the Work has already completed.
+  bool finish(State state, std::exception_ptr error, bool if_pending = false);
+  // For a Work that ends on a device: completes it when its end event has passed (an error the
+  // device reports fails it). Returns whether the Work has completed.
+  bool poll_device() const;
+  // wait() for a Work that ends on a device.
+  void wait_on_device(std::chrono::steady_clock::time_point deadline,
+                      std::chrono::milliseconds waited) const;
   // Calls `callback`, logging (not propagating) what it throws.
   void run_callback(const Callback& callback) const;
 
@@ -189,12 +241,15 @@ class Work {
   mutable std::mutex mutex_;
   // Signalled (notify_all) on the transition out of Pending. Waiters hold mutex_.
   mutable std::condition_variable completed_cv_;
-  State state_ = State::Pending;       // guarded by mutex_
-  std::exception_ptr error_;           // guarded by mutex_; set iff state_ == Failed
-  std::vector<Callback> callbacks_;    // guarded by mutex_; emptied at completion
-  std::function<void()> wait_helper_;  // set before sharing; read-only after
-  std::shared_ptr<const int> source_;  // set before sharing; read once succeeded
-  TraceRef trace_;                     // set before sharing; read-only after
+  State state_ = State::Pending;              // guarded by mutex_
+  std::exception_ptr error_;                  // guarded by mutex_; set iff state_ == Failed
+  std::vector<Callback> callbacks_;           // guarded by mutex_; emptied at completion
+  std::function<void()> wait_helper_;         // set before sharing; read-only after
+  std::shared_ptr<const int> source_;         // set before sharing; read once succeeded
+  TraceRef trace_;                            // set before sharing; read-only after
+  bool device_expected_ = false;              // set before sharing; read-only after
+  std::shared_ptr<DeviceCompletion> device_;  // guarded by mutex_; set once
+  bool finishing_ = false;  // guarded by mutex_; a *_if_pending call has claimed the Work
 };
 
 // Waits for every Work in `works`, as if calling wait() on each in order, but against one
