@@ -196,8 +196,11 @@ class CallCheck {
   std::string_view op_;
 };
 
+// Where this thread's buffers lie (weft_set_buffer_device): the host unless set.
+thread_local Device buffer_device = Device::cpu();
+
 Tensor view(const void* data, size_t count, DType dtype) {
-  return Tensor{const_cast<void*>(data), count, dtype, Device{}};
+  return Tensor{const_cast<void*>(data), count, dtype, buffer_device};
 }
 
 // The synchronous form: waits with the work's own timeout. If the wait gives up while the
@@ -205,14 +208,15 @@ Tensor view(const void* data, size_t count, DType dtype) {
 // reuse as soon as we return; aborting the group makes the backend let go of them in bounded
 // time (and a group past a timeout is unusable anyway, process_group.h). We wait for that, then
 // report the timeout.
+// For CUDA buffers "synchronous" means the device has finished too (Work::synchronize()).
 void wait_synchronously(ProcessGroup& pg, const Work& work) {
   try {
-    work.wait();
+    work.synchronize();
   } catch (const Error& e) {
     if (e.code() != ErrorCode::Timeout || work.is_completed()) throw;
     pg.abort(std::string("a synchronous call timed out: ") + e.what());
     try {
-      work.wait();
+      work.synchronize();
     } catch (const Error&) {
       // Aborted, as expected: the timeout below is the result the caller needs.
     }
@@ -605,6 +609,32 @@ weft_result_t weft_work_wait(weft_work_t* work, int64_t timeout_ms) {
     const weft::Work& w = weft::work_of(work, "weft_work_wait");
     w.wait(timeout_ms < 0 ? weft::Work::kDefaultTimeout : std::chrono::milliseconds(timeout_ms));
   });
+}
+
+weft_result_t weft_work_synchronize(weft_work_t* work, int64_t timeout_ms) {
+  return weft::guarded("weft_work_synchronize", [&] {
+    const weft::Work& w = weft::work_of(work, "weft_work_synchronize");
+    w.synchronize(timeout_ms < 0 ? weft::Work::kDefaultTimeout
+                                 : std::chrono::milliseconds(timeout_ms));
+  });
+}
+
+weft_result_t weft_set_buffer_device(const char* device) {
+  return weft::guarded("weft_set_buffer_device", [&] {
+    weft::require(device, "weft_set_buffer_device", "device");
+    std::optional<weft::Device> parsed = weft::parse_device(device);
+    if (!parsed) {
+      weft::throw_error(
+          weft::ErrorCode::InvalidArgument, "weft_set_buffer_device",
+          fmt::format("\"{}\" is not a device (\"cpu\", \"cuda\" or \"cuda:N\")", device));
+    }
+    weft::buffer_device = *parsed;
+  });
+}
+
+weft_result_t weft_set_cuda_stream(void* stream) {
+  weft::set_current_cuda_stream(static_cast<weft::CudaStream>(stream));
+  return WEFT_SUCCESS;
 }
 
 weft_result_t weft_work_source_rank(weft_work_t* work, int32_t* source) {

@@ -19,12 +19,12 @@ namespace {
 using cudaError = int;
 constexpr cudaError kCudaSuccess = 0;
 constexpr cudaError kCudaErrorNotReady = 600;
-constexpr int kMemcpyDefault = 4;           // cudaMemcpyDefault
-constexpr unsigned kHostAllocPortable = 1;  // cudaHostAllocPortable
-constexpr unsigned kStreamNonBlocking = 1;  // cudaStreamNonBlocking
+constexpr int kMemcpyDefault = 4;            // cudaMemcpyDefault
+constexpr unsigned kHostAllocPortable = 1;   // cudaHostAllocPortable
+constexpr unsigned kStreamNonBlocking = 1;   // cudaStreamNonBlocking
 constexpr unsigned kEventDisableTiming = 2;  // cudaEventDisableTiming
-constexpr int kMemoryTypeDevice = 2;        // cudaMemoryTypeDevice
-constexpr int kMemoryTypeManaged = 3;       // cudaMemoryTypeManaged
+constexpr int kMemoryTypeDevice = 2;         // cudaMemoryTypeDevice
+constexpr int kMemoryTypeManaged = 3;        // cudaMemoryTypeManaged
 
 // cudaPointerAttributes since CUDA 11: the type first, then the device.
 struct PointerAttributes {
@@ -111,12 +111,13 @@ class DynamicCudaRuntime final : public CudaRuntime {
                               status, s_.error_string(status), describe()));
     }
     if (count == 0) {
-      throw_error(ErrorCode::Unsupported, "cuda",
-                  fmt::format("no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES="
-                              "\"{}\") [{}]",
-                              std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES")
-                                                                  : "",
-                              describe()));
+      throw_error(
+          ErrorCode::Unsupported, "cuda",
+          fmt::format(
+              "no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES="
+              "\"{}\") [{}]",
+              std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "",
+              describe()));
     }
     return count;
   }
@@ -146,7 +147,8 @@ class DynamicCudaRuntime final : public CudaRuntime {
   void* device_alloc(int device, size_t bytes) override {
     set_device(device);
     void* pointer = nullptr;
-    check(s_.malloc(&pointer, bytes), fmt::format("cudaMalloc of {} bytes on cuda:{}", bytes, device));
+    check(s_.malloc(&pointer, bytes),
+          fmt::format("cudaMalloc of {} bytes on cuda:{}", bytes, device));
     return pointer;
   }
   void device_free(void* pointer) override { check(s_.free(pointer), "cudaFree"); }
@@ -181,7 +183,9 @@ class DynamicCudaRuntime final : public CudaRuntime {
     check(s_.event_create(&event, kEventDisableTiming), "cudaEventCreateWithFlags");
     return event;
   }
-  void destroy_event(CudaEvent event) override { check(s_.event_destroy(event), "cudaEventDestroy"); }
+  void destroy_event(CudaEvent event) override {
+    check(s_.event_destroy(event), "cudaEventDestroy");
+  }
   void record_event(CudaEvent event, CudaStream stream) override {
     check(s_.event_record(event, stream), "cudaEventRecord");
   }
@@ -198,8 +202,9 @@ class DynamicCudaRuntime final : public CudaRuntime {
  private:
   void check(cudaError status, std::string_view what) const {
     if (status == kCudaSuccess) return;
-    throw_error(ErrorCode::Internal, "cuda",
-                fmt::format("{} failed: CUDA error {} ({})", what, status, s_.error_string(status)));
+    throw_error(
+        ErrorCode::Internal, "cuda",
+        fmt::format("{} failed: CUDA error {} ({})", what, status, s_.error_string(status)));
   }
 
   void* handle_;

@@ -20,13 +20,16 @@ namespace {
 
 // `ancestors`: the abort signals of the groups this one is made from; aborting any of them ends
 // this group's store waits (so a new_group that waits for a member that never comes returns at
-// the parent's abort).
+// the parent's abort). `from_parent`: what the parent's backends gave for this group, by device
+// kind (Backend::split()).
 std::shared_ptr<ProcessGroup> make_group(
     std::shared_ptr<World> world, std::string store_path, int rank, int size, std::string name,
     std::chrono::milliseconds timeout, std::vector<int> global_ranks, std::string backend_text,
     std::map<std::string, std::string> settings,
-    std::vector<std::shared_ptr<const AbortSignal>> ancestors) {
+    std::vector<std::shared_ptr<const AbortSignal>> ancestors,
+    std::map<DeviceKind, std::shared_ptr<void>> from_parent = {}) {
   auto state = std::make_unique<ProcessGroup::State>();
+  state->from_parent = std::move(from_parent);
   state->world = world;
   state->store_path = store_path;
   state->abort_signal =
@@ -105,6 +108,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks,
   }
   if (ranks.empty()) throw Error(ErrorCode::InvalidArgument, context, "ranks is empty");
   auto me = std::find(ranks.begin(), ranks.end(), s.rank);
+  // Every rank of this group, member or not, lets its backends prepare the sub-group (the nccl
+  // backend splits its communicators, which is collective over this group).
+  std::map<DeviceKind, std::shared_ptr<void>> from_parent = s.split_backends(
+      me == ranks.end() ? Backend::kNoColor : 0, static_cast<int>(me - ranks.begin()), context);
   if (me == ranks.end()) return nullptr;
   std::string path = fmt::format("{}.{}", s.store_path, child);
   std::string name = options.name.empty() ? fmt::format("{}.{}", s.name, child) : options.name;
@@ -115,7 +122,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks,
       options.timeout.count() > 0 ? options.timeout : s.timeout, std::move(global),
       options.backend.empty() ? s.backend_text : options.backend,
       options.backend_settings.empty() ? s.backend_settings : options.backend_settings,
-      s.abort_chain);
+      s.abort_chain, std::move(from_parent));
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, NewGroupOptions options) {
@@ -136,6 +143,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, NewGroupOp
     throw Error(e.code(), s.context("split", 0),
                 fmt::format("exchanging colours over this group failed: {}", e.what()));
   }
+  std::map<DeviceKind, std::shared_ptr<void>> from_parent =
+      s.split_backends(color < 0 ? Backend::kNoColor : color, key, s.context("split", 0));
   if (color < 0) return nullptr;
   std::vector<int> members;
   for (int r = 0; r < s.size; ++r) {
@@ -155,7 +164,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, NewGroupOp
       options.timeout.count() > 0 ? options.timeout : s.timeout, std::move(global),
       options.backend.empty() ? s.backend_text : options.backend,
       options.backend_settings.empty() ? s.backend_settings : options.backend_settings,
-      s.abort_chain);
+      s.abort_chain, std::move(from_parent));
 }
 
 // ---- init_process_group.

@@ -18,6 +18,7 @@
 
 #include "weft/prefix_store.h"
 
+#include "runtime/cuda_staging.h"
 #include "runtime/desync_check.h"
 #include "runtime/log.h"
 #include "runtime/process_group_state.h"
@@ -100,6 +101,21 @@ Backend& ProcessGroup::State::backend_for(DeviceKind kind, const ErrorContext& w
                             fmt::join(Registry::global().names(), ", ")));
   }
   Registry::Entry entry = Registry::global().find(mapped->second);
+  // CUDA tensors go to nccl by default when its module is installed (c10d's default), and to the
+  // host backend, staging through pinned memory, when it is not.
+  if (kind == DeviceKind::Cuda && backend_text.empty()) {
+    try {
+      entry = Registry::global().resolve("nccl");
+    } catch (const Error& e) {
+      WEFT_LOG_DEBUG(
+          "rank {}/{} group \"{}\": no nccl backend for cuda tensors ({}); using "
+          "\"{}\" through pinned host buffers",
+          rank, size, name, e.what(), entry.name);
+    }
+  }
+  const bool staged = kind == DeviceKind::Cuda &&
+                      std::find(entry.devices.begin(), entry.devices.end(), DeviceKind::Cuda) ==
+                          entry.devices.end();
   BackendOptions options;
   options.store = std::make_shared<PrefixStore>(std::string(device_kind_name(kind)) + "/", store);
   options.rank = rank;
@@ -108,10 +124,40 @@ Backend& ProcessGroup::State::backend_for(DeviceKind kind, const ErrorContext& w
   options.timeout = timeout;
   options.global_ranks = global_ranks;
   options.settings = backend_settings;
+  options.device = kind;
+  if (auto inherited = from_parent.find(kind); inherited != from_parent.end()) {
+    options.from_parent = std::move(inherited->second);
+    from_parent.erase(inherited);
+  }
   std::unique_ptr<Backend> backend = entry.factory(options);
+  if (staged) {
+    try {
+      backend = make_cuda_staging_backend(std::move(backend), options);
+    } catch (const Error& e) {
+      throw Error(
+          e.code(), where,
+          fmt::format("backend \"{}\" cannot serve cuda tensors: {}", entry.name, e.what()));
+    }
+  }
   Backend& made = *backend;
   backends.emplace(kind, std::move(backend));
   return made;
+}
+
+std::map<DeviceKind, std::shared_ptr<void>> ProcessGroup::State::split_backends(
+    int color, int key, const ErrorContext& where) {
+  std::vector<std::pair<DeviceKind, Backend*>> made;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& [kind, backend] : backends) made.emplace_back(kind, backend.get());
+  }
+  // Outside the mutex: a backend's split may be collective over the group (ncclCommSplit) and
+  // take a while; the backends live until destroy(), which the caller may not run concurrently.
+  std::map<DeviceKind, std::shared_ptr<void>> given;
+  for (auto& [kind, backend] : made) {
+    if (std::shared_ptr<void> result = backend->split(color, key, where)) given[kind] = result;
+  }
+  return given;
 }
 
 std::shared_ptr<Work> chain(const std::shared_ptr<Work>& inner, const ErrorContext& context,
@@ -173,6 +219,7 @@ std::shared_ptr<Work> submit(ProcessGroup::State& s, Collective c, Epilogue epil
                               backend->name()));
     }
   }
+  if (device.kind == DeviceKind::Cuda) c.stream = current_cuda_stream();
   if (!p2p) c.seq = ++s.seq;
   ErrorContext context = s.context(op, c.seq, describe_call(c, dtype, call_elements(c)));
   if (s.recorder) {

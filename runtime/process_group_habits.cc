@@ -17,6 +17,7 @@
 #include "weft/process_group.h"
 
 #include "runtime/argument_checks.h"
+#include "runtime/cuda_runtime.h"
 #include "runtime/process_group_state.h"
 
 namespace weft {
@@ -117,16 +118,17 @@ std::shared_ptr<Work> post_to_self(ProcessGroup::State& s, bool sending, Tensor 
         std::make_exception_ptr(Error(ErrorCode::InvalidArgument, recv.work->context(), detail)));
     return mine.work;
   }
-  if (send.tensor.device != Device::cpu()) {
-    const std::string detail = "send/recv to self is for host memory only";
-    send.work->fail(
-        std::make_exception_ptr(Error(ErrorCode::Unsupported, send.work->context(), detail)));
-    recv.work->fail(
-        std::make_exception_ptr(Error(ErrorCode::Unsupported, recv.work->context(), detail)));
+  try {
+    if (send.tensor.count > 0 && send.tensor.device.kind == DeviceKind::Cuda) {
+      // On the legacy default stream, which waits for what blocking streams queued before it.
+      cuda_runtime().copy(recv.tensor.data, send.tensor.data, send.tensor.nbytes());
+    } else if (send.tensor.count > 0) {
+      std::memmove(recv.tensor.data, send.tensor.data, send.tensor.nbytes());
+    }
+  } catch (...) {
+    send.work->fail(std::current_exception());
+    recv.work->fail(std::current_exception());
     return mine.work;
-  }
-  if (send.tensor.count > 0) {
-    std::memmove(recv.tensor.data, send.tensor.data, send.tensor.nbytes());
   }
   send.work->complete();
   recv.work->complete();

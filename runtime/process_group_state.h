@@ -88,7 +88,10 @@ struct ProcessGroup::State {
   std::vector<std::pair<DeviceKind, std::string>> backend_map;
   bool debug_detail = false;
   std::shared_ptr<BufferPool> staging = BufferPool::create();
-  std::shared_ptr<FlightRecorder> recorder;  // null when recording is off
+  // What the parent's backends returned from Backend::split() for this group, by device kind:
+  // handed to the backend of that kind when it is made (BackendOptions::from_parent).
+  std::map<DeviceKind, std::shared_ptr<void>> from_parent;  // guarded by mutex
+  std::shared_ptr<FlightRecorder> recorder;                 // null when recording is off
   // Raised by abort(); the group's store (and its children's while they form) stop waiting on it.
   std::shared_ptr<AbortSignal> abort_signal;
   std::vector<std::shared_ptr<const AbortSignal>> abort_chain;  // this group's and its ancestors'
@@ -137,6 +140,12 @@ struct ProcessGroup::State {
   // The backend serving `kind`, made on first use (collective: every rank uses the same kinds in
   // the same order). REQUIRES: mutex held.
   Backend& backend_for(DeviceKind kind, const ErrorContext& where);
+
+  // new_group()/split(): asks every backend this group has made to prepare the sub-group this
+  // rank joins (`color`, or Backend::kNoColor) and returns what each gave, by device kind.
+  // Called on every rank of this group, in issue order.
+  std::map<DeviceKind, std::shared_ptr<void>> split_backends(int color, int key,
+                                                             const ErrorContext& where);
 };
 
 // send/recv to this rank itself: matches `message` against the other side's queue by `tag`, or

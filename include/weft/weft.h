@@ -34,7 +34,8 @@
  *  - Pointers. Every pointer argument must be non-NULL unless its description allows NULL;
  *    a NULL one is WEFT_ERR_INVALID_ARGUMENT naming it. Out-parameters are written on success
  *    only, except handles (weft_group_t**, weft_work_t**), which are set to NULL on failure.
- *  - Buffers. Counts are in elements of `dtype`, not bytes. Buffers are host (CPU) memory. A
+ *  - Buffers. Counts are in elements of `dtype`, not bytes. Buffers are host (CPU) memory unless
+ *    weft_set_buffer_device() says otherwise for the calling thread. A
  *    collective borrows its buffers until it completes: a synchronous call returns when it has;
  *    after an asynchronous one, do not read its outputs or change its inputs until its work
  *    handle reports completion (weft_work_wait or weft_work_test), even if the handle was freed.
@@ -268,6 +269,25 @@ weft_result_t weft_work_test(weft_work_t* work, int* done);
  * it completes; its result is dropped (destroying or aborting its group bounds how long that
  * takes). NULL is a no-op. Always returns WEFT_SUCCESS. */
 weft_result_t weft_work_free(weft_work_t* work);
+
+/* Blocks until the operation has completed on the host and, for CUDA buffers, on the device too
+ * (weft_work_wait on CUDA buffers returns once the calling thread's CUDA stream has been made to
+ * wait for the operation, as c10d's Work.wait() does). `timeout_ms` as for weft_work_wait. For
+ * host buffers it is weft_work_wait. */
+weft_result_t weft_work_synchronize(weft_work_t* work, int64_t timeout_ms);
+
+/* ---- CUDA buffers (docs/cuda.md). Per calling thread; libweft loads the CUDA runtime when a
+ * CUDA buffer first needs it and links none. */
+
+/* Where the buffers this thread passes from now on lie: "cpu" (the default), "cuda" or "cuda:N".
+ * Collectives on CUDA buffers go to the group's CUDA backend (nccl when installed, else the host
+ * backend staging through pinned memory). WEFT_ERR_INVALID_ARGUMENT for another name. */
+weft_result_t weft_set_buffer_device(const char* device);
+
+/* The CUDA stream (a cudaStream_t; NULL: the legacy default stream) that this thread's
+ * collectives on CUDA buffers run after, and that weft_work_wait makes wait for them. Always
+ * WEFT_SUCCESS. */
+weft_result_t weft_set_cuda_stream(void* stream);
 
 /* The rank a succeeded weft_recv_any received from, in *source; -1 while the work is pending,
  * after a failure, and for every other operation. */

@@ -23,8 +23,9 @@ using std::chrono::seconds;
 
 constexpr int kWorld = 8;
 
-std::shared_ptr<ProcessGroup> join(uint16_t port, int rank) {
+std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, std::string backend = "") {
   ProcessGroupOptions options;
+  options.backend = std::move(backend);
   options.url = fmt::format("tcp://127.0.0.1:{}", port);
   options.rank = rank;
   options.world_size = kWorld;
@@ -235,7 +236,8 @@ void expect_invalid(const std::function<void()>& call, const std::string& text) 
 TEST_CASE("device mesh: argument errors name the problem", "[device_mesh]") {
   const uint16_t port = test::free_port();
   test::run_ranks_ok(kWorld, [&](int rank) {
-    auto world = join(port, rank);
+    // Host tensors only: by default (and with "tcp") a group also serves cuda tensors.
+    auto world = join(port, rank, "cpu:tcp");
     expect_invalid(
         [&] {
           DeviceMesh::init(DeviceKind::Cpu, {3, 2}, {"dp", "tp"}, world);
