@@ -66,9 +66,11 @@ TEST_CASE("a plugin is loaded by path, once", "[by_path]") {
   CHECK(Registry::global().load_plugin(plugin_file("forward_poll")) == "forward_poll");
   CHECK(Registry::global().resolve(plugin_file("forward_poll")).name == "forward_poll");
   // A backend string with a '/' is a path, in a backend map too.
+  // A host plugin serves cpu tensors, and cuda tensors by staging them (docs/cuda.md).
   auto map = parse_backend_map(plugin_file("forward"), Registry::global());
-  REQUIRE(map.size() == 1);
-  CHECK(map[0].second == "forward");
+  REQUIRE(map.size() == 2);
+  CHECK(map[0] == std::make_pair(DeviceKind::Cpu, std::string("forward")));
+  CHECK(map[1] == std::make_pair(DeviceKind::Cuda, std::string("forward")));
 }
 
 TEST_CASE("a plugin of a newer ABI is refused, saying so", "[future]") {
