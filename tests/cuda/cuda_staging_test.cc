@@ -481,6 +481,10 @@ TEST_CASE("split and new_group hand each backend's split() result to the sub-gro
       sub->all_reduce(t)->wait();
       RANK_CHECK(from_parent_value == (rank == 2 ? 0 : 1), "{}", from_parent_value.load());
     }
+    // The probe's collectives complete at once, without the other ranks: meet once more on the
+    // host backend before rank 0 (the store's host) leaves, or a member still forming its
+    // sub-group's connections loses the store.
+    pg->barrier()->wait();
     pg->destroy();
   });
 }
