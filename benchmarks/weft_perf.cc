@@ -113,6 +113,10 @@ std::string type_label(DType t) {
       return "double";
     case DType::Float16:
       return "half";
+    case DType::Float8E4M3:
+      return "f8e4m3";
+    case DType::Float8E5M2:
+      return "f8e5m2";
     default:
       return std::string(dtype_name(t));
   }
@@ -201,8 +205,9 @@ int parse_int(const std::string& flag, const std::string& text, int lo, int hi) 
 
 std::vector<DType> parse_dtypes(const std::string& text) {
   if (text == "all") {
-    return {DType::Int8,    DType::UInt8,   DType::Int32,   DType::Int64,
-            DType::Float16, DType::Float32, DType::Float64, DType::BFloat16};
+    // nccl-tests' list and order, fp8 last as in nccl-tests built against NCCL 2.24+.
+    return {DType::Int8,    DType::UInt8,   DType::Int32,    DType::Int64,      DType::Float16,
+            DType::Float32, DType::Float64, DType::BFloat16, DType::Float8E4M3, DType::Float8E5M2};
   }
   auto t = parse_dtype(text);
   if (!t || *t == DType::Bool) usage_error("unknown or unsupported datatype: " + text);
@@ -392,7 +397,11 @@ std::vector<size_t> sizes_of(const Options& o) {
 // ---- Element access for every dtype, through double (the values used are small integers).
 
 using weft::bf16_to_float;
+using weft::e4m3fn_to_float;
+using weft::e5m2_to_float;
 using weft::float_to_bf16;
+using weft::float_to_e4m3fn;
+using weft::float_to_e5m2;
 using weft::float_to_half;
 using weft::half_to_float;
 
@@ -406,6 +415,10 @@ double load(DType t, const void* base, size_t i) {
       return half_to_float(static_cast<const uint16_t*>(base)[i]);
     case DType::BFloat16:
       return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::Float8E4M3:
+      return e4m3fn_to_float(static_cast<const uint8_t*>(base)[i]);
+    case DType::Float8E5M2:
+      return e5m2_to_float(static_cast<const uint8_t*>(base)[i]);
     case DType::Int8:
       return static_cast<const int8_t*>(base)[i];
     case DType::UInt8:
@@ -437,6 +450,12 @@ void store(DType t, void* base, size_t i, double v) {
       break;
     case DType::BFloat16:
       static_cast<uint16_t*>(base)[i] = float_to_bf16(float(v));
+      break;
+    case DType::Float8E4M3:
+      static_cast<uint8_t*>(base)[i] = float_to_e4m3fn(float(v));
+      break;
+    case DType::Float8E5M2:
+      static_cast<uint8_t*>(base)[i] = float_to_e5m2(float(v));
       break;
     case DType::Int8:
       static_cast<int8_t*>(base)[i] = int8_t(v);
@@ -473,12 +492,17 @@ bool defined(DType t, ReduceOp op) {
   return true;
 }
 
+bool is_fp8(DType t) { return t == DType::Float8E4M3 || t == DType::Float8E5M2; }
+
 // ---- The data: what rank r contributes at element i, and what a reduction of it must give.
 
 class Data {
  public:
   Data(int ranks, DType t, ReduceOp op) : ranks_(ranks), dtype_(t), op_(op) {
     spread_ = std::clamp(100 / std::max(ranks, 1), 1, 11);  // int8 sums of every rank fit
+    // fp8 holds integers exactly only up to 16 (e4m3fn) or 8 (e5m2): inputs 1 and 2 keep every
+    // partial sum exact up to 8 (e4m3fn) or 4 (e5m2) ranks; matches() allows for rounding past.
+    if (is_fp8(t)) spread_ = 2;
   }
 
   // Check iteration `rep` (-c N) gets inputs of its own, so that a result left over from the
@@ -533,6 +557,15 @@ class Data {
 
   bool matches(double got, double expected) const {
     if (!is_floating(dtype_)) return got == expected;
+    if (is_fp8(dtype_)) {
+      // Every rounding costs up to half an ulp, 2^-4 of the value in e4m3fn and 2^-3 in e5m2,
+      // and an element meets up to 2 * ranks of them (premultiplying each input, each partial
+      // sum, the final division): that is the bound. The inputs are positive, so no
+      // cancellation makes it relative to anything smaller than the result.
+      const double half_ulp = dtype_ == DType::Float8E4M3 ? 1.0 / 16 : 1.0 / 8;
+      return std::fabs(got - expected) <=
+             2 * ranks_ * half_ulp * std::max(1.0, std::fabs(expected));
+    }
     double tolerance = dtype_ == DType::Float64   ? 1e-12
                        : dtype_ == DType::Float32 ? 1e-6
                        : dtype_ == DType::Float16 ? 1e-3
@@ -727,7 +760,10 @@ class Runner {
     auto check = [&](size_t offset, double expected) {
       if (first && o_.corrupt &&
           rank_ == (has_root(coll_) && coll_ != "scatter" && coll_ != "broadcast" ? root_ : 0)) {
-        store(t_, recv, offset, load(t_, recv, offset) + 1);  // the test hook
+        // The test hook. fp8's tolerance can exceed 1 (matches()): there the element turns
+        // negative instead, far outside it, since every expected value is positive.
+        const double value = load(t_, recv, offset);
+        store(t_, recv, offset, is_fp8(t_) ? -(value + 1) : value + 1);
       }
       first = false;
       bad += !data_.matches(load(t_, recv, offset), expected);

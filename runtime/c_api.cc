@@ -75,7 +75,9 @@ static_assert(same(WEFT_FLOAT32, static_cast<int>(DType::Float32)) &&
               same(WEFT_BOOL, static_cast<int>(DType::Bool)) &&
               same(WEFT_UINT32, static_cast<int>(DType::UInt32)) &&
               same(WEFT_UINT64, static_cast<int>(DType::UInt64)) &&
-              same(WEFT_UINT64 + 1, kNumDTypes));
+              same(WEFT_FLOAT8_E4M3, static_cast<int>(DType::Float8E4M3)) &&
+              same(WEFT_FLOAT8_E5M2, static_cast<int>(DType::Float8E5M2)) &&
+              same(WEFT_FLOAT8_E5M2 + 1, kNumDTypes));
 static_assert(same(WEFT_SUM, ReduceOp::Sum) && same(WEFT_PROD, ReduceOp::Prod) &&
               same(WEFT_MIN, ReduceOp::Min) && same(WEFT_MAX, ReduceOp::Max) &&
               same(WEFT_AVG, ReduceOp::Avg) && same(WEFT_PREMUL_SUM, ReduceOp::PremulSum) &&
@@ -156,7 +158,8 @@ class CallCheck {
   DType dtype(weft_dtype_t dtype) const {
     const int value = static_cast<int>(dtype);
     if (value < 0 || value >= kNumDTypes) {
-      fail(fmt::format("dtype {} is not a weft_dtype_t value (WEFT_FLOAT32 .. WEFT_BOOL)", value));
+      fail(fmt::format("dtype {} is not a weft_dtype_t value (WEFT_FLOAT32 .. WEFT_FLOAT8_E5M2)",
+                       value));
     }
     return static_cast<DType>(value);
   }

@@ -28,7 +28,7 @@ std::string lowercase(std::string_view text) {
 }
 
 // Names a user may type, with what they mean. The canonical name of each dtype comes first.
-constexpr std::array<std::pair<std::string_view, DType>, 25> kDTypeNames = {{
+constexpr std::array<std::pair<std::string_view, DType>, 33> kDTypeNames = {{
     {"float32", DType::Float32},
     {"float64", DType::Float64},
     {"float16", DType::Float16},
@@ -40,6 +40,8 @@ constexpr std::array<std::pair<std::string_view, DType>, 25> kDTypeNames = {{
     {"bool", DType::Bool},
     {"uint32", DType::UInt32},
     {"uint64", DType::UInt64},
+    {"float8_e4m3fn", DType::Float8E4M3},
+    {"float8_e5m2", DType::Float8E5M2},
     // PyTorch's aliases (torch.float, torch.double, torch.half, torch.int, torch.long) and the
     // nccl-tests / NCCL spellings (-d half, ncclFloat16, ncclBfloat16, ...).
     {"float", DType::Float32},
@@ -56,6 +58,14 @@ constexpr std::array<std::pair<std::string_view, DType>, 25> kDTypeNames = {{
     {"uint8_t", DType::UInt8},
     {"uint32_t", DType::UInt32},
     {"uint64_t", DType::UInt64},
+    // fp8: nccl-tests' -d names (f8e4m3, f8e5m2), NCCL's (ncclFloat8e4m3, "float8e4m3") and the
+    // short fp8 spellings. torch.float8_e4m3fnuz / e5m2fnuz are other formats and stay unknown.
+    {"f8e4m3", DType::Float8E4M3},
+    {"f8e5m2", DType::Float8E5M2},
+    {"float8e4m3", DType::Float8E4M3},
+    {"float8e5m2", DType::Float8E5M2},
+    {"fp8_e4m3", DType::Float8E4M3},
+    {"fp8_e5m2", DType::Float8E5M2},
 }};
 
 constexpr std::array<std::string_view, ReduceOp::kNumKinds> kReduceOpNames = {

@@ -40,7 +40,9 @@ static_assert(WEFT_SUCCESS == 0 && WEFT_ERR_TIMEOUT == int(ErrorCode::Timeout) &
               WEFT_ERR_PROTOCOL == int(ErrorCode::Protocol) && WEFT_ERR_IO == int(ErrorCode::Io));
 static_assert(WEFT_COLL_RECV == int(CollectiveKind::Recv) &&
               WEFT_COLL_ALL_TO_ALL == int(CollectiveKind::AllToAll));
-static_assert(WEFT_BOOL == int(DType::Bool) && WEFT_BXOR == int(ReduceOp::BXor));
+static_assert(WEFT_BOOL == int(DType::Bool) && WEFT_UINT64 == int(DType::UInt64) &&
+              WEFT_FLOAT8_E4M3 == int(DType::Float8E4M3) &&
+              WEFT_FLOAT8_E5M2 == int(DType::Float8E5M2) && WEFT_BXOR == int(ReduceOp::BXor));
 
 // A plugin's failure as a weft error code: the C codes are ErrorCode's; Internal (and anything
 // unknown) is reported as Protocol, the code for "the other side broke its contract".

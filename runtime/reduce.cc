@@ -147,11 +147,25 @@ struct Bf16 {
   static float load(uint16_t v) { return bf16_to_float(v); }
   static uint16_t store(float v) { return float_to_bf16(v); }
 };
+// fp8 computes in float like the half types: each element is widened exactly, combined once in
+// float and rounded once back (weft/half.h says how: PyTorch's rounding, overflow and NaN).
+struct Fp8E4M3 {
+  static float load(uint8_t v) { return e4m3fn_to_float(v); }
+  static uint8_t store(float v) { return float_to_e4m3fn(v); }
+};
+struct Fp8E5M2 {
+  static float load(uint8_t v) { return e5m2_to_float(v); }
+  static uint8_t store(float v) { return float_to_e5m2(v); }
+};
+
+// The storage type a Conv reads and writes: uint16_t for the half types, uint8_t for fp8.
+template <typename Conv>
+using Storage = decltype(Conv::store(0.0f));
 
 using CombineFn = void (*)(void* dst, const void* a, const void* b, size_t count);
 
-// Half types without F16C (and bfloat16 always): one fused loop, load, convert, combine, convert,
-// store. The software conversions are branch-free and vectorise inside it.
+// Half types without F16C (bfloat16 and fp8 always): one fused loop, load, convert, combine,
+// convert, store. The software conversions are branch-free and vectorise inside it.
 template <typename T, typename Fn>
 WEFT_KERNEL void combine_loop(void* dst, const void* a, const void* b, size_t count) {
   T* d = static_cast<T*>(dst);
@@ -162,9 +176,10 @@ WEFT_KERNEL void combine_loop(void* dst, const void* a, const void* b, size_t co
 
 template <typename Conv, typename Fn>
 WEFT_KERNEL void combine_loop_half(void* dst, const void* a, const void* b, size_t count) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  const uint16_t* x = static_cast<const uint16_t*>(a);
-  const uint16_t* y = static_cast<const uint16_t*>(b);
+  using S = Storage<Conv>;
+  S* d = static_cast<S*>(dst);
+  const S* x = static_cast<const S*>(a);
+  const S* y = static_cast<const S*>(b);
   for (size_t i = 0; i < count; ++i) {
     d[i] = Conv::store(Fn::template apply<float>(Conv::load(x[i]), Conv::load(y[i])));
   }
@@ -291,6 +306,8 @@ constexpr std::array<std::array<CombineFn, ReduceOp::kNumKinds>, kNumDTypes> kCo
      &combine_loop_bool<LogicalXorFn>},
     arithmetic_row<Plain<uint32_t>::Loop, true>(),
     arithmetic_row<Plain<uint64_t>::Loop, true>(),
+    arithmetic_row<ViaFloat<Fp8E4M3>::Loop, false>(),
+    arithmetic_row<ViaFloat<Fp8E5M2>::Loop, false>(),
 }};
 
 template <typename T, typename S>
@@ -302,8 +319,9 @@ WEFT_KERNEL void scale_loop(void* dst, const void* src, size_t count, S factor) 
 
 template <typename Conv>
 WEFT_KERNEL void scale_loop_half(void* dst, const void* src, size_t count, float factor) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  const uint16_t* s = static_cast<const uint16_t*>(src);
+  using S = Storage<Conv>;
+  S* d = static_cast<S*>(dst);
+  const S* s = static_cast<const S*>(src);
   for (size_t i = 0; i < count; ++i) d[i] = Conv::store(Conv::load(s[i]) * factor);
 }
 
@@ -318,7 +336,7 @@ WEFT_KERNEL void divide_loop(void* data, size_t count, D divisor) {
 
 template <typename Conv>
 WEFT_KERNEL void divide_loop_half(void* data, size_t count, float divisor) {
-  uint16_t* d = static_cast<uint16_t*>(data);
+  Storage<Conv>* d = static_cast<Storage<Conv>*>(data);
   for (size_t i = 0; i < count; ++i) d[i] = Conv::store(Conv::load(d[i]) / divisor);
 }
 
@@ -373,6 +391,10 @@ void premultiply(void* dst, const void* src, size_t count, DType dtype, double f
       return scale_loop_half<Fp16>(dst, src, count, static_cast<float>(factor));
     case DType::BFloat16:
       return scale_loop_half<Bf16>(dst, src, count, static_cast<float>(factor));
+    case DType::Float8E4M3:
+      return scale_loop_half<Fp8E4M3>(dst, src, count, static_cast<float>(factor));
+    case DType::Float8E5M2:
+      return scale_loop_half<Fp8E5M2>(dst, src, count, static_cast<float>(factor));
     default:
       WEFT_CHECK(false, "check_supported let a non-floating dtype through");
   }
@@ -395,6 +417,10 @@ void finalize(void* data, size_t count, DType dtype, ReduceOp op, int contributo
       return divide_loop_half<Fp16>(data, count, static_cast<float>(contributors));
     case DType::BFloat16:
       return divide_loop_half<Bf16>(data, count, static_cast<float>(contributors));
+    case DType::Float8E4M3:
+      return divide_loop_half<Fp8E4M3>(data, count, static_cast<float>(contributors));
+    case DType::Float8E5M2:
+      return divide_loop_half<Fp8E5M2>(data, count, static_cast<float>(contributors));
     case DType::Int8:
       return divide_loop<int8_t, int>(data, count, contributors);
     case DType::UInt8:

@@ -9,16 +9,18 @@
 // Avg and PremulSum accumulate exactly as Sum does.
 //
 // Semantics, per dtype:
-//   Floating (float32, float64, float16, bfloat16): IEEE arithmetic, round to nearest even.
-//     float16 and bfloat16 are converted to float, combined, and rounded back once; for sum and
-//     prod this equals rounding the exact result once, because float carries at least 2p + 2
-//     significand bits for both (the bound under which double rounding is harmless), so results
-//     do not depend on the detour, nor on whether F16C or software converts. Overflow gives
-//     infinity; denormals are kept (unless the process itself runs with flush-to-zero). min/max
-//     propagate NaN, like torch.minimum/maximum (not fmin/fmax): if either input is NaN the result
-//     is NaN. They order -0.0 below +0.0, so min(-0, +0) is -0 and max is +0 whatever the argument
-//     order (IEEE 754-2019 minimum/maximum); results never depend on which rank's value came first.
-//     Bitwise ops are refused (InvalidArgument).
+//   Floating (float32, float64, float16, bfloat16, float8_e4m3fn, float8_e5m2): IEEE arithmetic,
+//     round to nearest even. float16, bfloat16 and both fp8 formats are converted to float,
+//     combined, and rounded back once; for sum and prod this equals rounding the exact result
+//     once, because float carries at least 2p + 2 significand bits for all of them (the bound
+//     under which double rounding is harmless), so results do not depend on the detour, nor on
+//     whether F16C or software converts. Overflow gives infinity, except in float8_e4m3fn, which
+//     has none: there it gives NaN, as PyTorch's conversion does (weft/half.h); denormals are kept
+//     (unless the process itself runs with flush-to-zero). min/max propagate NaN, like
+//     torch.minimum/maximum (not fmin/fmax): if either input is NaN the result is NaN. They order
+//     -0.0 below +0.0, so min(-0, +0) is -0 and max is +0 whatever the argument order (IEEE
+//     754-2019 minimum/maximum); results never depend on which rank's value came first. Bitwise ops
+//     are refused (InvalidArgument).
 //   Integer (int8, uint8, int32, int64, uint32, uint64): sum and prod wrap modulo 2^bits, two's
 //     complement (done in the unsigned type: no undefined behaviour). min/max/band/bor/bxor as
 //     usual, min and max comparing unsigned for the unsigned dtypes. Avg divides the wrapped sum

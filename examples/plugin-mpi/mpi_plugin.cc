@@ -1,6 +1,6 @@
 // mpi_plugin.cc: a weft backend plugin over MPI (built and tested with Open MPI 4.1), named "mpi",
 // serving the CPU. It uses weft's C plugin ABI only (weft/plugin.h, weft/c_types.h), plus the
-// header-only float16/bfloat16 conversions of weft/half.h, and does not link libweft.
+// header-only float16/bfloat16/fp8 conversions of weft/half.h, and does not link libweft.
 // docs/plugin-guide.md walks through it; README.md says how to build and run it.
 //
 // How it runs. Each weft group that asks for "cpu:mpi" gets a Context: an MPI communicator over
@@ -21,8 +21,9 @@
 // Reductions mean exactly what weft's do (runtime/reduce.h): MPI's built-in ops where they agree
 // (float32 and float64 sum and prod; integer min, max and bitwise ops; bool as MPI's logical ops
 // on bytes), user-defined MPI ops elsewhere: integer sum and prod wrap (Open MPI 4.1's AVX
-// kernels saturate 8-bit sums), float min/max propagate NaN and order -0 below +0, float16 and
-// bfloat16 compute through float and round to nearest even after each combination. Avg is a sum
+// kernels saturate 8-bit sums), float min/max propagate NaN and order -0 below +0, float16,
+// bfloat16 and the fp8 formats (which MPI has no type for either: they travel as bytes) compute
+// through float and round to nearest even after each combination. Avg is a sum
 // divided by the group's size afterwards (integers truncate toward zero); premul_sum sums a copy of
 // the input scaled by the factor, rounded to the dtype's arithmetic type first.
 //
@@ -98,7 +99,7 @@ constexpr const char* kName = "mpi";
 // ahead of its peer's receive.
 constexpr size_t kDetachBytes = size_t{1} << 20;
 
-constexpr int kNumDTypes = WEFT_UINT64 + 1;
+constexpr int kNumDTypes = WEFT_FLOAT8_E5M2 + 1;
 constexpr int kNumOps = WEFT_BXOR + 1;
 
 // ---- Results.
@@ -170,6 +171,8 @@ size_t dtype_size(int32_t dtype) {
     case WEFT_INT8:
     case WEFT_UINT8:
     case WEFT_BOOL:
+    case WEFT_FLOAT8_E4M3:
+    case WEFT_FLOAT8_E5M2:
       return 1;
     default:
       return 0;
@@ -177,9 +180,9 @@ size_t dtype_size(int32_t dtype) {
 }
 
 const char* dtype_name(int32_t dtype) {
-  static const char* const kNames[] = {"float32", "float64", "float16", "bfloat16",
-                                       "int8",    "uint8",   "int32",   "int64",
-                                       "bool",    "uint32",  "uint64"};
+  static const char* const kNames[] = {
+      "float32", "float64", "float16", "bfloat16", "int8",          "uint8",      "int32",
+      "int64",   "bool",    "uint32",  "uint64",   "float8_e4m3fn", "float8_e5m2"};
   return dtype >= 0 && dtype < kNumDTypes ? kNames[dtype] : "unknown dtype";
 }
 
@@ -198,8 +201,10 @@ const char* kind_name(int32_t kind) {
 
 bool is_floating(int32_t dtype) {
   return dtype == WEFT_FLOAT32 || dtype == WEFT_FLOAT64 || dtype == WEFT_FLOAT16 ||
-         dtype == WEFT_BFLOAT16;
+         dtype == WEFT_BFLOAT16 || dtype == WEFT_FLOAT8_E4M3 || dtype == WEFT_FLOAT8_E5M2;
 }
+
+bool is_fp8(int32_t dtype) { return dtype == WEFT_FLOAT8_E4M3 || dtype == WEFT_FLOAT8_E5M2; }
 
 bool is_p2p(int32_t kind) { return kind == WEFT_COLL_SEND || kind == WEFT_COLL_RECV; }
 
@@ -217,7 +222,7 @@ MPI_Datatype bits_type(size_t size) {
   }
 }
 
-// ---- float16 and bfloat16: weft's own conversions (weft/half.h), round to nearest even.
+// ---- float16, bfloat16 and fp8: weft's own conversions (weft/half.h), round to nearest even.
 
 struct Half {
   static float load(uint16_t v) { return weft::half_to_float(v); }
@@ -227,6 +232,29 @@ struct BFloat {
   static float load(uint16_t v) { return weft::bf16_to_float(v); }
   static uint16_t store(float v) { return weft::float_to_bf16(v); }
 };
+struct E4m3 {
+  static float load(uint8_t v) { return weft::e4m3fn_to_float(v); }
+  static uint8_t store(float v) { return weft::float_to_e4m3fn(v); }
+};
+struct E5m2 {
+  static float load(uint8_t v) { return weft::e5m2_to_float(v); }
+  static uint8_t store(float v) { return weft::float_to_e5m2(v); }
+};
+
+// The narrow float conversion of a 16- or 8-bit floating dtype, as f(Conv{}).
+template <typename F>
+void with_conv(int32_t dtype, F&& f) {
+  switch (dtype) {
+    case WEFT_FLOAT16:
+      return f(Half{});
+    case WEFT_BFLOAT16:
+      return f(BFloat{});
+    case WEFT_FLOAT8_E4M3:
+      return f(E4m3{});
+    default:
+      return f(E5m2{});
+  }
+}
 
 // ---- User-defined MPI ops: the element functions of runtime/reduce.h, for float and double.
 
@@ -274,11 +302,12 @@ void plain_op(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) b[i] = Fn::apply(a[i], b[i]);
 }
 
-// 16-bit floats: both operands to float, one operation, rounded back once.
+// 16- and 8-bit floats: both operands to float, one operation, rounded back once.
 template <typename Conv, typename Fn>
 void narrow_op(void* in, void* inout, int* len, MPI_Datatype*) {
-  const uint16_t* a = static_cast<const uint16_t*>(in);
-  uint16_t* b = static_cast<uint16_t*>(inout);
+  using S = decltype(Conv::store(0.0f));
+  const S* a = static_cast<const S*>(in);
+  S* b = static_cast<S*>(inout);
   for (int i = 0; i < *len; ++i) b[i] = Conv::store(Fn::apply(Conv::load(a[i]), Conv::load(b[i])));
 }
 
@@ -451,6 +480,14 @@ Status create_user_ops(Process& p) {
       {WEFT_BFLOAT16, WEFT_PROD, &narrow_op<BFloat, ProdFn>},
       {WEFT_BFLOAT16, WEFT_MIN, &narrow_op<BFloat, MinFn>},
       {WEFT_BFLOAT16, WEFT_MAX, &narrow_op<BFloat, MaxFn>},
+      {WEFT_FLOAT8_E4M3, WEFT_SUM, &narrow_op<E4m3, SumFn>},
+      {WEFT_FLOAT8_E4M3, WEFT_PROD, &narrow_op<E4m3, ProdFn>},
+      {WEFT_FLOAT8_E4M3, WEFT_MIN, &narrow_op<E4m3, MinFn>},
+      {WEFT_FLOAT8_E4M3, WEFT_MAX, &narrow_op<E4m3, MaxFn>},
+      {WEFT_FLOAT8_E5M2, WEFT_SUM, &narrow_op<E5m2, SumFn>},
+      {WEFT_FLOAT8_E5M2, WEFT_PROD, &narrow_op<E5m2, ProdFn>},
+      {WEFT_FLOAT8_E5M2, WEFT_MIN, &narrow_op<E5m2, MinFn>},
+      {WEFT_FLOAT8_E5M2, WEFT_MAX, &narrow_op<E5m2, MaxFn>},
       {WEFT_INT8, WEFT_SUM, &plain_op<uint8_t, SumFn>},
       {WEFT_INT8, WEFT_PROD, &plain_op<uint8_t, ProdFn>},
       {WEFT_UINT8, WEFT_SUM, &plain_op<uint8_t, SumFn>},
@@ -561,6 +598,7 @@ Status reduction_for(int32_t dtype, int32_t op, Reduction* out) {
         (dtype == WEFT_FLOAT32 || dtype == WEFT_FLOAT64) && (base == WEFT_SUM || base == WEFT_PROD);
     out->type = dtype == WEFT_FLOAT32   ? MPI_FLOAT
                 : dtype == WEFT_FLOAT64 ? MPI_DOUBLE
+                : is_fp8(dtype)         ? MPI_UINT8_T
                                         : MPI_UINT16_T;
     out->op = builtin ? (base == WEFT_SUM ? MPI_SUM : MPI_PROD) : p.user_ops[dtype][base];
     return {};
@@ -608,7 +646,7 @@ Status reduction_for(int32_t dtype, int32_t op, Reduction* out) {
 }
 
 // dst[i] = src[i] * factor, the factor rounded to the dtype's arithmetic type first (float for
-// float32, float16 and bfloat16; double for float64), the product stored in the dtype.
+// float32, float16, bfloat16 and fp8; double for float64), the product stored in the dtype.
 void premultiply(void* dst, const void* src, uint64_t count, int32_t dtype, double factor) {
   switch (dtype) {
     case WEFT_FLOAT32: {
@@ -625,12 +663,13 @@ void premultiply(void* dst, const void* src, uint64_t count, int32_t dtype, doub
       return;
     default: {
       const float f = static_cast<float>(factor);
-      const auto* s = static_cast<const uint16_t*>(src);
-      auto* d = static_cast<uint16_t*>(dst);
-      for (uint64_t i = 0; i < count; ++i) {
-        d[i] = dtype == WEFT_FLOAT16 ? Half::store(Half::load(s[i]) * f)
-                                     : BFloat::store(BFloat::load(s[i]) * f);
-      }
+      with_conv(dtype, [&](auto conv) {
+        using Conv = decltype(conv);
+        using S = decltype(Conv::store(0.0f));
+        const auto* s = static_cast<const S*>(src);
+        auto* d = static_cast<S*>(dst);
+        for (uint64_t i = 0; i < count; ++i) d[i] = Conv::store(Conv::load(s[i]) * f);
+      });
       return;
     }
   }
@@ -662,13 +701,15 @@ void divide(void* data, uint64_t count, int32_t dtype, int size) {
     case WEFT_UINT64:
       return each(static_cast<uint64_t*>(data), static_cast<uint64_t>(size));
     case WEFT_FLOAT16:
-    case WEFT_BFLOAT16: {
-      auto* d = static_cast<uint16_t*>(data);
+    case WEFT_BFLOAT16:
+    case WEFT_FLOAT8_E4M3:
+    case WEFT_FLOAT8_E5M2: {
       const float divisor = static_cast<float>(size);
-      for (uint64_t i = 0; i < count; ++i) {
-        d[i] = dtype == WEFT_FLOAT16 ? Half::store(Half::load(d[i]) / divisor)
-                                     : BFloat::store(BFloat::load(d[i]) / divisor);
-      }
+      with_conv(dtype, [&](auto conv) {
+        using Conv = decltype(conv);
+        auto* d = static_cast<decltype(Conv::store(0.0f))*>(data);
+        for (uint64_t i = 0; i < count; ++i) d[i] = Conv::store(Conv::load(d[i]) / divisor);
+      });
       return;
     }
     default:

@@ -43,7 +43,9 @@ typedef enum {
   WEFT_BOOL = 8,
   /* Appended: values are never renumbered. */
   WEFT_UINT32 = 9,
-  WEFT_UINT64 = 10
+  WEFT_UINT64 = 10,
+  WEFT_FLOAT8_E4M3 = 11, /* fp8 e4m3fn: torch.float8_e4m3fn, ncclFloat8e4m3 (no infinities) */
+  WEFT_FLOAT8_E5M2 = 12  /* fp8 e5m2: torch.float8_e5m2, ncclFloat8e5m2 */
 } weft_dtype_t;
 
 typedef enum {

@@ -1,9 +1,10 @@
 // weft/dtype.h: the element types weft communicates and reduces, their sizes and names.
 //
 // DType is what a Tensor view holds and what crosses the wire in a collective's header; its
-// numeric values are stable (the C API and the desync check send them). Float16 and BFloat16 have
-// no arithmetic C++ type: weft::Half and weft::BFloat16 below are 16-bit containers only, and
-// reductions on them go through float (weft/half.h).
+// numeric values are stable (the C API and the desync check send them). Float16, BFloat16 and the
+// two fp8 formats have no arithmetic C++ type: weft::Half, weft::BFloat16, weft::Float8E4M3 and
+// weft::Float8E5M2 below are containers only, and reductions on them go through float
+// (weft/half.h).
 #pragma once
 
 #include <cstddef>
@@ -28,15 +29,22 @@ enum class DType : uint8_t {
   // ncclUint32 / ncclUint64.
   UInt32 = 9,
   UInt64 = 10,
+  // Appended later: PyTorch's torch.float8_e4m3fn / torch.float8_e5m2, NCCL's ncclFloat8e4m3 /
+  // ncclFloat8e5m2 (NCCL 2.24+). OCP 8-bit floats, one byte per element:
+  Float8E4M3 = 11,  // e4m3 "fn": 4 exponent bits (bias 7), 3 significand bits, no infinities,
+                    // NaN is S.1111.111 only; largest finite 448
+  Float8E5M2 = 12,  // e5m2: 5 exponent bits (bias 15), 2 significand bits, IEEE-like infinities
+                    // and NaNs; largest finite 57344
 };
 
 // Number of DType values; a byte from the wire is a DType only if it is below this.
-inline constexpr int kNumDTypes = 11;
+inline constexpr int kNumDTypes = 13;
 
 // Every DType in declaration order, for tests and tools that iterate over them.
 inline constexpr DType kAllDTypes[kNumDTypes] = {
-    DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int8,   DType::UInt8,
-    DType::Int32,   DType::Int64,   DType::Bool,    DType::UInt32,   DType::UInt64,
+    DType::Float32, DType::Float64,    DType::Float16,    DType::BFloat16, DType::Int8,
+    DType::UInt8,   DType::Int32,      DType::Int64,      DType::Bool,     DType::UInt32,
+    DType::UInt64,  DType::Float8E4M3, DType::Float8E5M2,
 };
 
 // True when `value` is one of the enumerators (a DType made from an arbitrary integer may not be).
@@ -59,24 +67,26 @@ constexpr size_t dtype_size(DType dtype) {
     case DType::Int8:
     case DType::UInt8:
     case DType::Bool:
+    case DType::Float8E4M3:
+    case DType::Float8E5M2:
       return 1;
   }
   return 0;
 }
 
 // PyTorch's names: "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
-// "bool", "uint32", "uint64"; "invalid" for an invalid DType.
+// "bool", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2"; "invalid" for an invalid DType.
 std::string_view dtype_name(DType dtype);
 
 // Accepts the names above, PyTorch's aliases ("float", "double", "half", "long", "int") and the
 // nccl-tests short names ("half", "bfloat16", "int8", "uint8", "int32", "int64", "float",
-// "double"); case-insensitive. nullopt for anything else.
+// "double", "f8e4m3", "f8e5m2"); case-insensitive. nullopt for anything else.
 std::optional<DType> parse_dtype(std::string_view text);
 
-// Float32, Float64, Float16, BFloat16.
+// Float32, Float64, Float16, BFloat16, Float8E4M3, Float8E5M2.
 constexpr bool is_floating(DType dtype) {
   return dtype == DType::Float32 || dtype == DType::Float64 || dtype == DType::Float16 ||
-         dtype == DType::BFloat16;
+         dtype == DType::BFloat16 || dtype == DType::Float8E4M3 || dtype == DType::Float8E5M2;
 }
 
 // Int8, UInt8, Int32, Int64, UInt32, UInt64. Bool is neither integral nor floating, as in
@@ -99,6 +109,16 @@ struct Half {
 // Storage for one bfloat16 value (the top 16 bits of the float32 it approximates).
 struct BFloat16 {
   uint16_t bits;
+};
+// Storage for one fp8 e4m3fn value (torch.float8_e4m3fn); convert with e4m3fn_to_float /
+// float_to_e4m3fn (weft/half.h).
+struct Float8E4M3 {
+  uint8_t bits;
+};
+// Storage for one fp8 e5m2 value (torch.float8_e5m2: float16's top byte); convert with
+// e5m2_to_float / float_to_e5m2 (weft/half.h).
+struct Float8E5M2 {
+  uint8_t bits;
 };
 
 // dtype_of_v<T>: the DType of C++ element type T, so Tensor::of(p, n) can take a typed pointer.
@@ -123,6 +143,14 @@ struct dtype_of<Half> {
 template <>
 struct dtype_of<BFloat16> {
   static constexpr DType value = DType::BFloat16;
+};
+template <>
+struct dtype_of<Float8E4M3> {
+  static constexpr DType value = DType::Float8E4M3;
+};
+template <>
+struct dtype_of<Float8E5M2> {
+  static constexpr DType value = DType::Float8E5M2;
 };
 template <>
 struct dtype_of<bool> {

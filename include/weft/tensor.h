@@ -28,8 +28,9 @@ struct Tensor {
   DType dtype = DType::Float32;
   Device device{};
 
-  // A view of `count` elements of T at `data` (T: float, double, Half, BFloat16, bool, or an
-  // 8/32/64-bit integer). A const T is accepted for inputs that the collective only reads.
+  // A view of `count` elements of T at `data` (T: float, double, Half, BFloat16, Float8E4M3,
+  // Float8E5M2, bool, or an 8/32/64-bit integer). A const T is accepted for inputs that the
+  // collective only reads.
   template <typename T>
   static Tensor of(T* data, size_t count, Device device = Device{}) {
     return Tensor{const_cast<std::remove_cv_t<T>*>(data), count, dtype_of_v<T>, device};

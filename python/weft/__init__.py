@@ -62,6 +62,10 @@ uint8 = DType.UINT8
 int32 = DType.INT32
 int64 = DType.INT64
 bool_ = DType.BOOL
+uint32 = DType.UINT32
+uint64 = DType.UINT64
+float8_e4m3fn = DType.FLOAT8_E4M3FN
+float8_e5m2 = DType.FLOAT8_E5M2
 
 __all__ = [
     "init", "Group", "Work", "ReduceOp", "DType", "library_path", "dump_trace",
@@ -69,4 +73,5 @@ __all__ = [
     "ProtocolError", "IoError", "InternalError",
     "SUM", "PROD", "MIN", "MAX", "AVG", "PREMUL_SUM", "BAND", "BOR", "BXOR",
     "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool_",
+    "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
 ]

@@ -26,6 +26,11 @@ class DType(enum.IntEnum):
     INT32 = 6
     INT64 = 7
     BOOL = 8
+    # Appended (values are never renumbered).
+    UINT32 = 9
+    UINT64 = 10
+    FLOAT8_E4M3FN = 11  # torch.float8_e4m3fn, ncclFloat8e4m3: no infinities, max 448
+    FLOAT8_E5M2 = 12  # torch.float8_e5m2, ncclFloat8e5m2
 
 
 DTYPE_SIZE = {
@@ -38,6 +43,10 @@ DTYPE_SIZE = {
     DType.INT32: 4,
     DType.INT64: 8,
     DType.BOOL: 1,
+    DType.UINT32: 4,
+    DType.UINT64: 8,
+    DType.FLOAT8_E4M3FN: 1,
+    DType.FLOAT8_E5M2: 1,
 }
 
 # struct-module format characters (native or little-endian standard sizes) -> weft dtype.
@@ -54,6 +63,10 @@ _TORCH_DTYPES = {
     "torch.int32": DType.INT32,
     "torch.int64": DType.INT64,
     "torch.bool": DType.BOOL,
+    "torch.uint32": DType.UINT32,
+    "torch.uint64": DType.UINT64,
+    "torch.float8_e4m3fn": DType.FLOAT8_E4M3FN,
+    "torch.float8_e5m2": DType.FLOAT8_E5M2,
 }
 
 

@@ -128,9 +128,9 @@ TEST_CASE("collectives refuse bad arguments by name and issue nothing; the group
     EXPECT_RESULT(weft_all_reduce(nullptr, x, x, 4, WEFT_FLOAT32, WEFT_SUM, &work),
                   WEFT_ERR_INVALID_ARGUMENT, "weft_all_reduce: InvalidArgument: group is NULL");
     RANK_CHECK(work == nullptr);
-    EXPECT_RESULT(weft_all_reduce(g, x, x, 4, static_cast<weft_dtype_t>(11), WEFT_SUM, nullptr),
+    EXPECT_RESULT(weft_all_reduce(g, x, x, 4, static_cast<weft_dtype_t>(13), WEFT_SUM, nullptr),
                   WEFT_ERR_INVALID_ARGUMENT, where + " all_reduce #1: InvalidArgument",
-                  "dtype 11 is not a weft_dtype_t value");
+                  "dtype 13 is not a weft_dtype_t value");
     EXPECT_RESULT(weft_broadcast(g, x, 4, static_cast<weft_dtype_t>(15), 0, nullptr),
                   WEFT_ERR_INVALID_ARGUMENT, "dtype 15 is not a weft_dtype_t value");
     EXPECT_RESULT(

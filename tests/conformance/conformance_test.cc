@@ -42,15 +42,16 @@
 // rank's inputs), not weft.
 //
 // Values are chosen so that every result is exact whatever order an algorithm reduces in: small
-// multiples of 1/2 for floating sums (exact in float16 and bfloat16 too), powers of two for
-// products, and full-range bits for integers (whose sums and products wrap, which the reference
-// computes modulo 2^bits; avg truncates toward zero). Min and max also meet NaN, both signed zeros
-// and infinities, and bool inputs use non-canonical true bytes (2, 0x80, 0xff), all as
-// runtime/reduce.h specifies. Outputs start as sentinel bits, and scattered lists have a gap
-// after each block, so that a write out of place shows. A wrong element is reported with rank,
-// collective, dtype, op, count, algorithm, shm, index, the value got and the value expected (and
-// every rank's input for reductions), and the rank goes on, so one run lists every failing
-// combination.
+// multiples of 1/2 for floating sums (exact in float16 and bfloat16 too; fp8, which holds integers
+// exactly only up to 16 (e4m3fn) or 8 (e5m2), sums integers in [-2, 2] or [-1, 1], and its
+// premul_sum inputs are zero on all but two ranks), powers of two for products, and full-range bits
+// for integers (whose sums and products wrap, which the reference computes modulo 2^bits; avg
+// truncates toward zero). Min and max also meet NaN, both signed zeros and infinities, and bool
+// inputs use non-canonical true bytes (2, 0x80, 0xff), all as runtime/reduce.h specifies. Outputs
+// start as sentinel bits, and scattered lists have a gap after each block, so that a write out of
+// place shows. A wrong element is reported with rank, collective, dtype, op, count, algorithm, shm,
+// index, the value got and the value expected (and every rank's input for reductions), and the rank
+// goes on, so one run lists every failing combination.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -268,6 +269,55 @@ REFERENCE double narrow_float_value(uint64_t bits, int mantissa, int bias) {
   return negative ? -magnitude : magnitude;
 }
 
+// fp8 (one byte, sign in bit 7) nearest to `value`, ties to even, with PyTorch's rules past the
+// range (weft/half.h): e4m3fn (3 significand bits, bias 7, the all-ones exponent holding numbers,
+// S.1111.111 the only NaN) turns infinities and whatever rounds onto or past the NaN pattern into
+// NaN; e5m2 (2 bits, bias 15) is IEEE-like, overflowing to infinity.
+REFERENCE uint64_t fp8_bits(double value, bool e4m3) {
+  const int mantissa = e4m3 ? 3 : 2;
+  const int bias = e4m3 ? 7 : 15;
+  const uint64_t sign = std::signbit(value) ? 0x80 : 0;
+  const uint64_t infinity = e4m3 ? 0x7f : 0x7c;  // e4m3fn has none: NaN stands in
+  if (std::isnan(value)) return sign | 0x7f;
+  if (std::isinf(value)) return sign | infinity;
+  const double magnitude = std::fabs(value);
+  if (magnitude == 0) return sign;
+  int e = 0;
+  std::frexp(magnitude, &e);
+  int exponent = std::max(e - 1, 1 - bias);
+  auto significand =
+      static_cast<uint64_t>(std::nearbyint(std::ldexp(magnitude, mantissa - exponent)));
+  if (significand >= (uint64_t{2} << mantissa)) {
+    significand >>= 1;
+    ++exponent;
+  }
+  if (significand < (uint64_t{1} << mantissa)) return sign | significand;  // denormal
+  const int max_exponent = e4m3 ? bias + 1 : bias;  // e4m3fn: exponent field 15 is a number
+  if (exponent > max_exponent) return sign | infinity;
+  const uint64_t code = (static_cast<uint64_t>(exponent + bias) << mantissa) |
+                        (significand - (uint64_t{1} << mantissa));
+  return sign | std::min<uint64_t>(code, e4m3 ? 0x7f : 0x7c);
+}
+
+REFERENCE double fp8_value(uint64_t bits, bool e4m3) {
+  const int mantissa = e4m3 ? 3 : 2;
+  const int bias = e4m3 ? 7 : 15;
+  const bool negative = (bits >> 7) & 1;
+  const uint64_t exponent = (bits & 0x7f) >> mantissa;
+  const uint64_t fraction = bits & ((uint64_t{1} << mantissa) - 1);
+  double magnitude;
+  if (e4m3 ? (bits & 0x7f) == 0x7f : exponent == 31) {
+    magnitude = e4m3 || fraction ? std::numeric_limits<double>::quiet_NaN()
+                                 : std::numeric_limits<double>::infinity();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<double>(fraction), 1 - bias - mantissa);
+  } else {
+    magnitude = std::ldexp(static_cast<double>(fraction + (uint64_t{1} << mantissa)),
+                           static_cast<int>(exponent) - bias - mantissa);
+  }
+  return negative ? -magnitude : magnitude;
+}
+
 // Bits of the `dtype` value nearest to `value` (ties to even). REQUIRES: is_floating(dtype).
 REFERENCE uint64_t float_bits(DType dtype, double value) {
   switch (dtype) {
@@ -291,6 +341,9 @@ REFERENCE uint64_t float_bits(DType dtype, double value) {
       return dtype == DType::Float16 ? narrow_float_bits(value, 10, 15)
                                      : narrow_float_bits(value, 7, 127);
     }
+    case DType::Float8E4M3:
+    case DType::Float8E5M2:
+      return fp8_bits(value, dtype == DType::Float8E4M3);
     default:
       throw std::logic_error("float_bits: not a floating dtype");
   }
@@ -306,6 +359,9 @@ REFERENCE double float_value(DType dtype, uint64_t bits) {
       return narrow_float_value(bits, 10, 15);
     case DType::BFloat16:
       return narrow_float_value(bits, 7, 127);
+    case DType::Float8E4M3:
+    case DType::Float8E5M2:
+      return fp8_value(bits, dtype == DType::Float8E4M3);
     default:
       throw std::logic_error("float_value: not a floating dtype");
   }
@@ -428,16 +484,42 @@ class Reduction {
                        : 1.0;
           case 8:  // -0 orders below +0
             return (h & 1) ? -0.0 : 0.0;
-          case 12:
-            return (h & 1) ? std::numeric_limits<double>::infinity()
-                           : -std::numeric_limits<double>::infinity();
-          default:
+          case 12: {
+            // e4m3fn has no infinity (one would become NaN): its extremes are +-448.
+            const double extreme =
+                dtype_ == DType::Float8E4M3 ? 448.0 : std::numeric_limits<double>::infinity();
+            return (h & 1) ? extreme : -extreme;
+          }
+          default:  // rounded to the dtype by input(), as the min/max of them is
             return static_cast<double>(static_cast<int64_t>(h % 41) - 20) * 0.25;
         }
       default:  // Sum, Avg, PremulSum: |sum| <= 16 (24 with the factor) in steps of 1/4
         if (i % 17 == 8) return -0.0;  // an IEEE sum of -0s is -0
+        if (is_fp8()) return fp8_sum_input(rank, i, h);
         return static_cast<double>(static_cast<int64_t>(h % 9) - 4) * 0.5;
     }
+  }
+
+  REFERENCE bool is_fp8() const {
+    return dtype_ == DType::Float8E4M3 || dtype_ == DType::Float8E5M2;
+  }
+
+  // fp8's sum inputs, such that every partial sum over up to 8 ranks is exact, in any order:
+  // integers in [-2, 2] for e4m3fn (|sum| <= 16) and [-1, 1] for e5m2 (|sum| <= 8). PremulSum
+  // scales by -1.5 first, which no longer leaves every partial sum exact, so there the inputs are
+  // in [-1, 1] on two ranks (i % ranks and the one after it) and 0 elsewhere: the sums are 0,
+  // +-1.5 and +-3. Factors like 0.1 meet only two ranks (see the all_reduce test case).
+  REFERENCE double fp8_sum_input(int rank, size_t i, uint64_t h) const {
+    const auto small = [&](int64_t limit) {
+      return static_cast<double>(static_cast<int64_t>(h % static_cast<uint64_t>(2 * limit + 1)) -
+                                 limit);
+    };
+    if (op_ == ReduceOp::PremulSum) {
+      const int first = static_cast<int>(i % static_cast<size_t>(ranks_));
+      const bool chosen = rank == first || rank == (first + 1) % ranks_;
+      return chosen ? small(1) : 0.0;
+    }
+    return small(dtype_ == DType::Float8E4M3 ? 2 : 1);
   }
 
   REFERENCE int64_t int_input(int rank, size_t i) const {
@@ -1097,7 +1179,8 @@ TEST_CASE("all_reduce equals the reference for every dtype, op, placement, algor
         // An inexact factor, rounded to the dtype's arithmetic type before it multiplies
         // (reduce.h). With two ranks the sum of the products is rounded once, in any algorithm.
         if (r.size > 2) continue;
-        for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+        for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
+                            DType::Float8E4M3, DType::Float8E5M2}) {
           check_all_reduce(r, *v, dtype, ReduceOp::premul_sum(0.1), 1031, turn_of(*v) == 0);
         }
       }
@@ -1465,7 +1548,8 @@ TEST_CASE("reduce_scatter equals the reference in list, tensor, in-place and une
                              turn_of(*v) == 0 ? Form::Tensor : Form::TensorInPlace);
         // An inexact factor (see the all_reduce test case): exact to check with two ranks.
         if (r.size > 2) continue;
-        for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+        for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
+                            DType::Float8E4M3, DType::Float8E5M2}) {
           check_reduce_scatter(r, *v, dtype, ReduceOp::premul_sum(1.0 / 3), 1031, Form::Tensor);
         }
       }

@@ -18,8 +18,9 @@ namespace {
 
 TEST_CASE("every dtype has its size and PyTorch name, and the name parses back", "[core][types]") {
   const std::vector<std::pair<std::string, size_t>> expected = {
-      {"float32", 4}, {"float64", 8}, {"float16", 2}, {"bfloat16", 2}, {"int8", 1},  {"uint8", 1},
-      {"int32", 4},   {"int64", 8},   {"bool", 1},    {"uint32", 4},   {"uint64", 8}};
+      {"float32", 4}, {"float64", 8},       {"float16", 2},    {"bfloat16", 2}, {"int8", 1},
+      {"uint8", 1},   {"int32", 4},         {"int64", 8},      {"bool", 1},     {"uint32", 4},
+      {"uint64", 8},  {"float8_e4m3fn", 1}, {"float8_e5m2", 1}};
   REQUIRE(expected.size() == static_cast<size_t>(kNumDTypes));
   for (int i = 0; i < kNumDTypes; ++i) {
     const DType dtype = kAllDTypes[i];
@@ -44,6 +45,15 @@ TEST_CASE("parse_dtype takes PyTorch and nccl-tests spellings in any case", "[co
   CHECK(parse_dtype("long") == DType::Int64);
   CHECK(parse_dtype("uint8") == DType::UInt8);
   CHECK(parse_dtype("char") == DType::Int8);
+  CHECK(parse_dtype("f8e4m3") == DType::Float8E4M3);  // nccl-tests' -d names
+  CHECK(parse_dtype("f8e5m2") == DType::Float8E5M2);
+  CHECK(parse_dtype("F8E4M3") == DType::Float8E4M3);
+  CHECK(parse_dtype("Float8_E4M3FN") == DType::Float8E4M3);
+  CHECK(parse_dtype("float8e5m2") == DType::Float8E5M2);  // ncclFloat8e5m2 without "ncc"
+  CHECK(parse_dtype("fp8_e4m3") == DType::Float8E4M3);
+  CHECK_FALSE(parse_dtype("float8_e4m3fnuz"));  // PyTorch's other fp8 formats are not these
+  CHECK_FALSE(parse_dtype("float8_e5m2fnuz"));
+  CHECK_FALSE(parse_dtype("fp8"));
   CHECK_FALSE(parse_dtype(""));
   CHECK_FALSE(parse_dtype("float8"));
   CHECK_FALSE(parse_dtype("float32 "));
@@ -56,8 +66,8 @@ TEST_CASE("floating and integral dtypes are classified as in PyTorch", "[core][t
     if (is_floating(d)) floating.insert(d);
     if (is_integral(d)) integral.insert(d);
   }
-  CHECK(floating ==
-        std::set<DType>{DType::Float32, DType::Float64, DType::Float16, DType::BFloat16});
+  CHECK(floating == std::set<DType>{DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
+                                    DType::Float8E4M3, DType::Float8E5M2});
   CHECK(integral == std::set<DType>{DType::Int8, DType::UInt8, DType::Int32, DType::Int64,
                                     DType::UInt32, DType::UInt64});
 }
@@ -78,6 +88,10 @@ TEST_CASE("dtype_of maps C++ element types by width and signedness", "[core][typ
   STATIC_REQUIRE(dtype_of_v<bool> == DType::Bool);
   STATIC_REQUIRE(sizeof(Half) == 2);
   STATIC_REQUIRE(sizeof(BFloat16) == 2);
+  STATIC_REQUIRE(dtype_of_v<Float8E4M3> == DType::Float8E4M3);
+  STATIC_REQUIRE(dtype_of_v<Float8E5M2> == DType::Float8E5M2);
+  STATIC_REQUIRE(sizeof(Float8E4M3) == 1);
+  STATIC_REQUIRE(sizeof(Float8E5M2) == 1);
 }
 
 TEST_CASE("reduce ops have c10d-style names and parse back", "[core][types]") {

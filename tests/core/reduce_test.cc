@@ -26,8 +26,8 @@ using test::store_real;
 constexpr size_t kLengths[] = {0, 1, 7, 1000, 4099};
 
 // Random elements: a third raw random bits (every NaN payload, denormal and infinity the format
-// has, for 2-byte types in proportion), a third small values where sums round and cancel, and a
-// third drawn from a list of edge cases.
+// has, for 2-byte types in proportion, and every one of fp8's 256 patterns), a third small values
+// where sums round and cancel, and a third drawn from a list of edge cases.
 std::vector<uint8_t> random_buffer(DType dtype, size_t count, std::mt19937_64& rng) {
   const size_t size = dtype_size(dtype);
   std::vector<uint8_t> out(count * size);
@@ -56,9 +56,12 @@ std::vector<uint8_t> random_buffer(DType dtype, size_t count, std::mt19937_64& r
       // Quantised so that ties to even actually occur after the format's rounding.
       store_real(dtype, p, std::ldexp(std::round(std::ldexp(small(rng), 12)), -12));
     } else {
-      const double edges[] = {0.0,  -0.0,    INFINITY, -INFINITY, std::nan(""), 1.0,
-                              -1.0, 65504.0, 65520.0,  6e-8,      -6e-8,        1e-40,
-                              3e38, -3e38,   1.0e-300, 1e308};
+      // The last row: fp8's largest finite values, its overflow boundaries (464 rounds down to
+      // e4m3fn's 448, 480 is NaN there; 61440 is e5m2's tie to infinity) and denormal steps.
+      const double edges[] = {0.0,   -0.0,    INFINITY, -INFINITY, std::nan(""), 1.0,
+                              -1.0,  65504.0, 65520.0,  6e-8,      -6e-8,        1e-40,
+                              3e38,  -3e38,   1.0e-300, 1e308,     448.0,        -448.0,
+                              464.0, 480.0,   57344.0,  -61440.0,  0x1p-9,       0x1p-16};
       store_real(dtype, p, edges[bits % std::size(edges)]);
     }
   }
@@ -205,7 +208,8 @@ TEST_CASE("premultiply scales floating buffers by the factor rounded to the comp
   // Factors with few significand bits, so that x * factor is exact in float and the result is
   // rounded once whichever way it is computed.
   for (double factor : {0.5, 3.0, -1.25, 1.0 / 1024, 0.0}) {
-    for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
+                        DType::Float8E4M3, DType::Float8E5M2}) {
       for (size_t count : kLengths) {
         const std::vector<uint8_t> in = random_buffer(dtype, count, rng);
         std::vector<uint8_t> in_place = in;

@@ -1,5 +1,5 @@
-// The reduce kernels on hand-picked values whose results are known exactly: half and bfloat16
-// rounding and overflow, NaN/infinity/signed zero rules, integer wrap, Bool, and refusals.
+// The reduce kernels on hand-picked values whose results are known exactly: half, bfloat16 and
+// fp8 rounding and overflow, NaN/infinity/signed zero rules, integer wrap, Bool, and refusals.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -53,6 +53,102 @@ TEST_CASE("float16 sums round to nearest even, overflow to infinity and keep den
   CHECK(half_op(0x8000, 0x0000) == 0x0000);     // -0 + +0 = +0
   CHECK(half_op(0x7c00, 0x3c00) == 0x7c00);     // inf + 1 = inf
   CHECK(half_is_nan(half_op(0x7c00, 0xfc00)));  // inf + -inf = NaN
+}
+
+uint8_t e4m3_op(uint8_t a, uint8_t b, ReduceOp op = ReduceOp::Sum) {
+  return reduce2<uint8_t>(a, b, DType::Float8E4M3, op);
+}
+uint8_t e5m2_op(uint8_t a, uint8_t b, ReduceOp op = ReduceOp::Sum) {
+  return reduce2<uint8_t>(a, b, DType::Float8E5M2, op);
+}
+
+// e4m3fn: 1 = 0x38, 2 = 0x40, 16 = 0x58, 18 = 0x59, 448 = 0x7e, NaN = 0x7f / 0xff.
+TEST_CASE("fp8 e4m3fn sums round to nearest even and overflow to NaN, having no infinity",
+          "[core][reduce]") {
+  CHECK(e4m3_op(0x58, 0x38) == 0x58);  // 16 + 1 = 17: a tie, to even (16)
+  CHECK(e4m3_op(0x59, 0x38) == 0x5a);  // 18 + 1 = 19: a tie, to even (20)
+  CHECK(e4m3_op(0x38, 0x40) == 0x44);  // 1 + 2 = 3, exact
+  CHECK(e4m3_op(0x7e, 0x38) == 0x7e);  // 448 + 1 rounds back to 448
+  CHECK(e4m3_op(0x7e, 0x58) == 0x7e);  // 448 + 16 = 464: the tie, to even (448)
+  CHECK(e4m3_op(0x7e, 0x59) == 0x7f);  // 448 + 18 = 466: past it, NaN
+  CHECK(e4m3_op(0x7e, 0x7e) == 0x7f);  // 448 + 448: NaN, not infinity
+  CHECK(e4m3_op(0xfe, 0xfe) == 0xff);  // -448 + -448: NaN with the sign
+  CHECK(e4m3_op(0x7e, 0x7e, ReduceOp::Prod) == 0x7f);
+  CHECK(e4m3_op(0x01, 0x01) == 0x02);  // smallest denormals (2^-9) add exactly
+  CHECK(e4m3_op(0x07, 0x01) == 0x08);  // largest denormal + smallest = smallest normal
+  CHECK(e4m3_op(0x01, 0x81) == 0x00);  // x + -x = +0
+  CHECK(e4m3_op(0x80, 0x80) == 0x80);  // -0 + -0 = -0
+  CHECK(e4m3_op(0x01, 0x01, ReduceOp::Prod) == 0x00);  // 2^-18 underflows to +0
+  CHECK(e4m3_op(0x81, 0x01, ReduceOp::Prod) == 0x80);  // and keeps its sign
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max}) {
+    CHECK((e4m3_op(0x7f, 0x38, op) & 0x7f) == 0x7f);  // NaN wins
+    CHECK((e4m3_op(0x38, 0xff, op) & 0x7f) == 0x7f);
+  }
+  CHECK(e4m3_op(0x80, 0x00, ReduceOp::Min) == 0x80);  // -0 below +0
+  CHECK(e4m3_op(0x00, 0x80, ReduceOp::Max) == 0x00);
+  CHECK(e4m3_op(0xfe, 0x7e, ReduceOp::Min) == 0xfe);
+  CHECK(e4m3_op(0xfe, 0x7e, ReduceOp::Max) == 0x7e);
+}
+
+// e5m2: 1 = 0x3c, 2 = 0x40, 8 = 0x48, 10 = 0x49, 57344 = 0x7b, inf = 0x7c, NaN = 0x7d..0x7f.
+TEST_CASE("fp8 e5m2 sums round to nearest even, overflow to infinity and keep NaN",
+          "[core][reduce]") {
+  CHECK(e5m2_op(0x48, 0x3c) == 0x48);               // 8 + 1 = 9: a tie, to even (8)
+  CHECK(e5m2_op(0x49, 0x3c) == 0x4a);               // 10 + 1 = 11: a tie, to even (12)
+  CHECK(e5m2_op(0x7b, 0x7b) == 0x7c);               // 57344 + 57344 = inf
+  CHECK(e5m2_op(0x7b, 0x6c) == 0x7c);               // 57344 + 4096 = 61440: the tie, to even (inf)
+  CHECK(e5m2_op(0x7b, 0x68) == 0x7b);               // 57344 + 2048 rounds back down
+  CHECK(e5m2_op(0xfb, 0xfb) == 0xfc);               // -inf
+  CHECK(e5m2_op(0x01, 0x01) == 0x02);               // smallest denormals (2^-16) add exactly
+  CHECK(e5m2_op(0x7c, 0x3c) == 0x7c);               // inf + 1 = inf
+  CHECK(e5m2_op(0x80, 0x80) == 0x80);               // -0 + -0 = -0
+  const uint8_t nan_of_infs = e5m2_op(0x7c, 0xfc);  // inf + -inf
+  CHECK(((nan_of_infs & 0x7c) == 0x7c && (nan_of_infs & 0x03) != 0));
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max}) {
+    const uint8_t got = e5m2_op(0x7d, 0x3c, op);  // a NaN with the low payload bit only
+    CHECK(((got & 0x7c) == 0x7c && (got & 0x03) != 0));
+  }
+  CHECK(e5m2_op(0x80, 0x00, ReduceOp::Min) == 0x80);
+  CHECK(e5m2_op(0xfc, 0x7b, ReduceOp::Min) == 0xfc);  // -inf
+  CHECK(e5m2_op(0xfc, 0x7c, ReduceOp::Max) == 0x7c);
+}
+
+TEST_CASE("fp8 avg and premul_sum over simulated ranks round once", "[core][reduce]") {
+  // Eight ranks' small integers: every partial sum is exact in both formats (|sum| <= 8), so the
+  // result is the exact mean rounded once, whatever the order.
+  for (DType dtype : {DType::Float8E4M3, DType::Float8E5M2}) {
+    const bool e4m3 = dtype == DType::Float8E4M3;
+    auto to8 = [&](double x) {  // exact for the small values used here
+      const int e = x == 0 ? 0 : static_cast<int>(std::floor(std::log2(std::fabs(x))));
+      const int bias = e4m3 ? 7 : 15, man = e4m3 ? 3 : 2;
+      const double frac = std::fabs(x) / std::ldexp(1.0, e) - 1;
+      const auto bits =
+          static_cast<uint8_t>(((e + bias) << man) | static_cast<int>(frac * (1 << man)));
+      return static_cast<uint8_t>((x == 0 ? 0 : bits) | (x < 0 ? 0x80 : 0));
+    };
+    const double inputs[8] = {1, 1, -1, 1, 0, 1, 1, 1};  // sum 5
+    std::vector<uint8_t> acc = {to8(inputs[0])};
+    for (int r = 1; r < 8; ++r) {
+      const uint8_t x = to8(inputs[r]);
+      reduce::accumulate(acc.data(), &x, 1, dtype, ReduceOp::Avg);
+    }
+    CHECK(acc[0] == to8(5));
+    reduce::finalize(acc.data(), 1, dtype, ReduceOp::Avg, 8);
+    // 5/8 = 0.625 = 1.01b * 2^-1: exact in both.
+    CHECK(acc[0] == to8(0.625));
+    // premul_sum(0.5): each input halved (exact), then summed: 2.5.
+    std::vector<uint8_t> total = {to8(0)};
+    for (double in : inputs) {
+      uint8_t x = to8(in), scaled = 0;
+      reduce::premultiply(&scaled, &x, 1, dtype, 0.5);
+      reduce::accumulate(total.data(), &scaled, 1, dtype, ReduceOp::premul_sum(0.5));
+    }
+    CHECK(total[0] == to8(2.5));
+    // avg of 5 over 3 = 1.666...: e4m3fn rounds to 1.625 (1.101b), e5m2 to 1.75 (1.11b).
+    std::vector<uint8_t> five = {to8(5)};
+    reduce::finalize(five.data(), 1, dtype, ReduceOp::Avg, 3);
+    CHECK(five[0] == to8(e4m3 ? 1.625 : 1.75));
+  }
 }
 
 TEST_CASE("float16 NaN stays NaN through sum, prod, min and max", "[core][reduce]") {
@@ -255,6 +351,10 @@ TEST_CASE("unsupported dtype and op pairs are refused naming the op and the dtyp
   CHECK_THAT(refusal(DType::BFloat16, ReduceOp::BXor),
              Catch::Contains("bxor") && Catch::Contains("bfloat16"));
   CHECK_THAT(refusal(DType::Float64, ReduceOp::BOr), Catch::Contains("bor"));
+  CHECK_THAT(refusal(DType::Float8E4M3, ReduceOp::BAnd),
+             Catch::Contains("band") && Catch::Contains("float8_e4m3fn"));
+  CHECK_THAT(refusal(DType::Float8E5M2, ReduceOp::BXor),
+             Catch::Contains("bxor") && Catch::Contains("float8_e5m2"));
   CHECK_THAT(refusal(DType::Int32, ReduceOp::premul_sum(2)),
              Catch::Contains("premul_sum") && Catch::Contains("int32"));
   CHECK_THAT(refusal(DType::Bool, ReduceOp::Avg),

@@ -5,6 +5,7 @@
 // shared by a kernel and its reference is unlikely.
 #pragma once
 
+#include <algorithm>
 #include <cfenv>
 #include <cmath>
 #include <cstdint>
@@ -19,22 +20,31 @@
 namespace weft::test {
 
 // A binary floating-point format: `man` stored significand bits, `exp` exponent bits.
+// `finite` marks the OCP "fn" formats (fp8 e4m3fn): no infinities, the all-ones exponent holds
+// normal numbers, and only the all-ones pattern (S.1111.111) is NaN. Rounding into them follows
+// PyTorch's conversion: a value that rounds past the largest finite one, an infinity and a NaN
+// all become NaN (weft/half.h).
 struct Format {
   int man;
   int exp;
+  bool finite = false;
   int bias() const { return (1 << (exp - 1)) - 1; }
   uint32_t exp_mask() const { return (1u << exp) - 1; }
 };
 inline constexpr Format kHalfFormat{10, 5};
 inline constexpr Format kBf16Format{7, 8};
 inline constexpr Format kFloatFormat{23, 8};
+inline constexpr Format kE4m3fnFormat{3, 4, true};
+inline constexpr Format kE5m2Format{2, 5};
 
 inline double ref_decode(uint32_t bits, Format f) {
   const bool negative = (bits >> (f.man + f.exp)) & 1u;
   const uint32_t e = (bits >> f.man) & f.exp_mask();
   const uint32_t m = bits & ((1u << f.man) - 1);
   double v;
-  if (e == f.exp_mask()) {
+  if (f.finite && (bits & ((1u << (f.man + f.exp)) - 1)) == (1u << (f.man + f.exp)) - 1) {
+    v = std::nan("");
+  } else if (e == f.exp_mask() && !f.finite) {
     v = m != 0 ? std::nan("") : INFINITY;
   } else if (e == 0) {
     v = std::ldexp(static_cast<double>(m), 1 - f.bias() - f.man);
@@ -48,9 +58,10 @@ inline double ref_decode(uint32_t bits, Format f) {
 inline uint32_t ref_encode(double x, Format f) {
   const uint32_t sign = std::signbit(x) ? 1u << (f.man + f.exp) : 0u;
   const uint32_t inf = f.exp_mask() << f.man;
-  if (std::isnan(x)) return sign | inf | (1u << (f.man - 1));
+  const uint32_t all_ones = (1u << (f.man + f.exp)) - 1;  // the finite formats' only NaN
+  if (std::isnan(x)) return f.finite ? sign | all_ones : sign | inf | (1u << (f.man - 1));
   const double ax = std::fabs(x);
-  if (std::isinf(ax)) return sign | inf;
+  if (std::isinf(ax)) return sign | (f.finite ? all_ones : inf);
   const int min_exp = 1 - f.bias();  // exponent of the smallest normal number
   int e2 = 0;
   std::frexp(ax, &e2);  // ax = fraction * 2^e2, fraction in [0.5, 1)
@@ -64,15 +75,23 @@ inline uint32_t ref_encode(double x, Format f) {
   }
   if (q < (uint64_t{1} << f.man)) return sign | static_cast<uint32_t>(q);  // zero or denormal
   const int field = exponent + f.bias();
+  if (f.finite) {
+    if (field > static_cast<int>(f.exp_mask())) return sign | all_ones;
+    const uint32_t code =
+        (static_cast<uint32_t>(field) << f.man) | static_cast<uint32_t>(q - (uint64_t{1} << f.man));
+    return sign | std::min(code, all_ones);  // rounded onto or past the NaN pattern: NaN
+  }
   if (field >= static_cast<int>(f.exp_mask())) return sign | inf;
   return sign | (static_cast<uint32_t>(field) << f.man) |
          static_cast<uint32_t>(q - (uint64_t{1} << f.man));
 }
 
 inline Format format_of(DType dtype) {
-  return dtype == DType::Float16    ? kHalfFormat
-         : dtype == DType::BFloat16 ? kBf16Format
-                                    : kFloatFormat;
+  return dtype == DType::Float16      ? kHalfFormat
+         : dtype == DType::BFloat16   ? kBf16Format
+         : dtype == DType::Float8E4M3 ? kE4m3fnFormat
+         : dtype == DType::Float8E5M2 ? kE5m2Format
+                                      : kFloatFormat;
 }
 
 // Element access on type-erased buffers.
@@ -87,13 +106,16 @@ void store(void* p, T v) {
   std::memcpy(p, &v, sizeof(T));
 }
 
-// Reads a floating element (float32/float16/bfloat16/float64) exactly as a double.
+// Reads a floating element (float32/float16/bfloat16/float64/fp8) exactly as a double.
 inline double load_real(DType dtype, const void* p) {
   switch (dtype) {
     case DType::Float64:
       return load<double>(p);
     case DType::Float32:
       return static_cast<double>(load<float>(p));
+    case DType::Float8E4M3:
+    case DType::Float8E5M2:
+      return ref_decode(load<uint8_t>(p), format_of(dtype));
     default:
       return ref_decode(load<uint16_t>(p), format_of(dtype));
   }
@@ -106,6 +128,9 @@ inline void store_real(DType dtype, void* p, double x) {
       return store<double>(p, x);
     case DType::Float32:
       return store<uint32_t>(p, ref_encode(x, kFloatFormat));
+    case DType::Float8E4M3:
+    case DType::Float8E5M2:
+      return store<uint8_t>(p, static_cast<uint8_t>(ref_encode(x, format_of(dtype))));
     default:
       return store<uint16_t>(p, static_cast<uint16_t>(ref_encode(x, format_of(dtype))));
   }

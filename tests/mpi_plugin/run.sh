@@ -70,9 +70,9 @@ meson setup "$plugin_build" "$source_dir/examples/plugin-mpi" --prefix="$prefix"
 ninja -C "$plugin_build"
 plugin="$plugin_build/libweft-backend-mpi.so"
 [[ -f "$plugin" ]] || fail "no $plugin"
-nm -D --defined-only "$plugin" | grep -q ' weftBackendPlugin_v1$' ||
+nm -D --defined-only "$plugin" | grep ' weftBackendPlugin_v1$' >/dev/null ||
   fail "$plugin does not export weftBackendPlugin_v1"
-if readelf -d "$plugin" | grep -q 'NEEDED.*libweft'; then
+if readelf -d "$plugin" | grep 'NEEDED.*libweft' >/dev/null; then
   fail "$plugin links libweft; the plugin ABI is C and it should need only weft's headers"
 fi
 meson install -C "$plugin_build" --destdir "$tmp/stage" --quiet
@@ -81,7 +81,7 @@ meson install -C "$plugin_build" --destdir "$tmp/stage" --quiet
 echo "installed: $libdir/weft/plugins/libweft-backend-mpi.so"
 
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-LD_LIBRARY_PATH="$libdir" ldd "$conformance" | grep -q "$libdir/libweft.so" ||
+LD_LIBRARY_PATH="$libdir" ldd "$conformance" | grep "$libdir/libweft.so" >/dev/null ||
   fail "$conformance does not pick up the staged libweft.so from LD_LIBRARY_PATH"
 
 # mpirun: as root only with --allow-run-as-root; 4 ranks on fewer cores need --oversubscribe;

@@ -148,8 +148,10 @@ def case_parse(weftrun, perf, _schema):
                                   "-o", "all"])
     lines = blocks(proc.stdout)["all_reduce"]
     seen = {(m.group(3), m.group(4)) for m in lines}
-    check(len(lines) == 8 * 5 + 4, f"{len(lines)} dtype x op lines")  # mulsum: floats only
+    # 10 dtypes (fp8 last), mulsum on the 6 floats only.
+    check(len(lines) == 10 * 5 + 6, f"{len(lines)} dtype x op lines")
     check(("bfloat16", "mulsum") in seen and ("int8", "prod") in seen, f"{sorted(seen)}")
+    check(("f8e4m3", "avg") in seen and ("f8e5m2", "mulsum") in seen, f"{sorted(seen)}")
     for m in lines:
         check(m.group(9) == "0" and m.group(13) == "0", f"wrong results: {m.group(0)}")
 

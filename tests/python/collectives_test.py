@@ -115,6 +115,21 @@ bf = (f32.view(np.uint32) >> 16).astype(np.uint16)
 world.all_reduce(bf, weft.SUM, dtype=weft.bfloat16)
 want = (reference(weft.SUM, n, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 expect_equal(bf, want, "all_reduce bfloat16")
+# fp8 carried in bytearrays. Every rank's 1.0 (e4m3fn 0x38, e5m2 0x3c) sums to N, exact in both
+# for N <= 8; positive fp8 values order as their bytes, so max of 1.0 + R ulps is 1.0 + N - 1 ulps.
+def fp8_int(n, mantissa, bias):
+    e = n.bit_length() - 1
+    return ((e + bias) << mantissa) | (((n - (1 << e)) << mantissa) >> e)
+for name, dtype, mantissa, bias in (("e4m3fn", weft.float8_e4m3fn, 3, 7),
+                                    ("e5m2", weft.float8_e5m2, 2, 15)):
+    ones = bytearray([fp8_int(1, mantissa, bias)] * 5)
+    world.all_reduce(ones, weft.SUM, dtype=dtype)
+    expect_equal(np.frombuffer(ones, np.uint8), [fp8_int(N, mantissa, bias)] * 5,
+                 f"all_reduce float8_{name} sum")
+    ulps = bytearray([fp8_int(1, mantissa, bias) + R] * 3)
+    world.all_reduce(ulps, weft.MAX, dtype=dtype)
+    expect_equal(np.frombuffer(ulps, np.uint8), [fp8_int(1, mantissa, bias) + N - 1] * 3,
+                 f"all_reduce float8_{name} max")
 # Other buffer-protocol objects: array.array, memoryview, bytearray.
 a = array.array("i", [R + k for k in range(8)])
 world.all_reduce(memoryview(a), weft.MAX)

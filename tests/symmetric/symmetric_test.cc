@@ -75,15 +75,20 @@ void leave_before_the_store(std::shared_ptr<ProcessGroup>& pg, TCPStore& side, i
 // ---- The reference.
 
 bool is_float(DType d) {
-  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
+  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 ||
+         d == DType::BFloat16 || d == DType::Float8E4M3 || d == DType::Float8E5M2;
 }
 
-// Rank r's input element i, as a double (floating dtypes) or an integer (the others).
-double float_input(int r, size_t i, ReduceOp op) {
+// Rank r's input element i, as a double (floating dtypes) or an integer (the others). fp8 holds
+// integers exactly only up to 16 (e4m3fn) or 8 (e5m2): its inputs are integers in [-2, 2] or
+// [-1, 1], so that sums over up to 5 ranks, and halves of them (premul_sum(0.5)), stay exact.
+double float_input(int r, size_t i, ReduceOp op, DType d) {
   if (op == ReduceOp::Prod) {
     static constexpr double kFactors[] = {-1.0, 0.5, 1.0, 2.0};
     return kFactors[(r + i) % 4];
   }
+  if (d == DType::Float8E4M3) return static_cast<double>((r * 7 + i * 3) % 5) - 2.0;
+  if (d == DType::Float8E5M2) return static_cast<double>((r * 7 + i * 3) % 3) - 1.0;
   return (static_cast<double>((r * 7 + i * 3) % 11) - 5.0) * 0.5;
 }
 int64_t int_input(int r, size_t i, DType d, ReduceOp op) {
@@ -112,6 +117,16 @@ void store_float(std::byte* p, DType d, double value) {
     case DType::Float16: {
       const uint16_t h = float_to_half(static_cast<float>(value));
       std::memcpy(p, &h, 2);
+      return;
+    }
+    case DType::Float8E4M3: {
+      const uint8_t b = float_to_e4m3fn(static_cast<float>(value));
+      std::memcpy(p, &b, 1);
+      return;
+    }
+    case DType::Float8E5M2: {
+      const uint8_t b = float_to_e5m2(static_cast<float>(value));
+      std::memcpy(p, &b, 1);
       return;
     }
     default: {
@@ -147,7 +162,7 @@ void reference(std::byte* out, DType d, ReduceOp op, int ranks, size_t i) {
   if (is_float(d)) {
     double acc = 0;
     for (int r = 0; r < ranks; ++r) {
-      double v = float_input(r, i, op);
+      double v = float_input(r, i, op, d);
       if (op == ReduceOp::PremulSum) v *= op.factor;
       if (r == 0) {
         acc = v;
@@ -217,7 +232,7 @@ void fill_input(std::byte* p, DType d, ReduceOp op, int rank, size_t count) {
   const size_t element = dtype_size(d);
   for (size_t i = 0; i < count; ++i) {
     if (is_float(d)) {
-      store_float(p + i * element, d, float_input(rank, i, op));
+      store_float(p + i * element, d, float_input(rank, i, op, d));
     } else {
       store_int(p + i * element, d, int_input(rank, i, d, op));
     }
