@@ -665,10 +665,12 @@ void copy_io(const Buffers& b, void* dst, const void* src, size_t bytes) {
 }
 
 // Blocks until `work` is done: Work::synchronize() for device buffers (the device's work
-// included, as nccl-tests' cudaStreamSynchronize), wait() otherwise.
+// included, as nccl-tests' cudaStreamSynchronize), then the current stream, where the in-place
+// sendrecv queues its copy after the collective; wait() otherwise.
 void complete(const Buffers& b, const std::shared_ptr<Work>& work) {
   if (b.on_device()) {
     work->synchronize();
+    cuda_runtime().synchronize_stream(current_cuda_stream());
   } else {
     work->wait();
   }
@@ -895,6 +897,7 @@ class Runner {
   void wait_all_of(const std::vector<std::shared_ptr<Work>>& works) {
     if (!b_.on_device()) return wait_all(works);
     for (const auto& work : works) work->synchronize();
+    cuda_runtime().synchronize_stream(current_cuda_stream());  // copies queued after them
   }
 
   struct Result {
