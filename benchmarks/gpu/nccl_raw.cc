@@ -69,15 +69,16 @@ struct Options {
 const std::vector<std::string> kCollectives = {"all_reduce", "all_gather", "reduce_scatter",
                                                "broadcast", "reduce"};
 
-[[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr,
-             "nccl_raw: {}\n"
+// Prints the usage after `why` and exits: 2 for a usage error, 0 for -h (on stdout).
+[[noreturn]] void usage(const std::string& why, int status = 2) {
+  fmt::print(status == 0 ? stdout : stderr,
+             "{}"
              "usage: nccl_raw [all_reduce|all_gather|reduce_scatter|broadcast|reduce|all]\n"
              "                [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
              "                [-c CHECKS] [-d float]\n"
              "weft-perf's flags with its meanings (docs/weft-perf.md); float32 sum only.\n",
-             why);
-  std::exit(2);
+             why.empty() ? "" : "nccl_raw: " + why + "\n");
+  std::exit(status);
 }
 
 size_t parse_bytes(const std::string& text) {
@@ -116,6 +117,9 @@ int parse_int(const std::string& flag, const std::string& text, int lo, int hi) 
 Options parse(int argc, char** argv, std::vector<std::string>& collectives) {
   Options o;
   int i = 1;
+  if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    usage("", 0);
+  }
   if (argc > 1 && argv[1][0] != '-') {
     const std::string what = argv[1];
     if (what == "all") {
@@ -132,7 +136,7 @@ Options parse(int argc, char** argv, std::vector<std::string>& collectives) {
   }
   for (; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") usage("nccl_raw's flags");
+    if (flag == "-h" || flag == "--help") usage("", 0);
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[++i];
     if (flag == "-b") {

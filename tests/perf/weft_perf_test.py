@@ -29,6 +29,9 @@ CASE is one of:
            header says so; where none is, weft-perf exits 1 naming the reason ("--device cuda:
            ... no usable CUDA device ..."), never a crash. Either way --device gpu and -R 1 with
            --device cuda are usage errors (exit 2).
+  nccl_raw WEFT_PERF is benchmarks/gpu/nccl_raw: with a usable CUDA device, every collective it
+           has prints weft-perf's table (nccl_log reads it) with #wrong = 0 at each size; without
+           one it exits 1 naming the reason. An unknown flag is a usage error (exit 2).
 Exit 0 on success, 1 on failure, 77 (meson's "skipped") when jsonschema is missing.
 """
 import csv
@@ -374,6 +377,26 @@ def case_device(_weftrun, perf, _schema):
                   f"{coll} {extra}: {rows}")
 
 
+def case_nccl_raw(_weftrun, raw, _schema):
+    proc = run_alone(raw, ["all_reduce", "--bogus", "1"], expect_ok=False)
+    check(proc.returncode == 2 and "unknown flag --bogus" in proc.stderr,
+          f"--bogus: exit {proc.returncode}\n{proc.stderr}")
+    proc = run_alone(raw, ["all", "-b", "1K", "-e", "64K", "-f", "8", "-n", "3"], expect_ok=False)
+    if proc.returncode != 0:
+        check(proc.returncode == 1 and "nccl_raw: " in proc.stderr and "CUDA" in proc.stderr,
+              f"nccl_raw without a device: exit {proc.returncode}\n{proc.stderr}")
+        check(nccl_log.parse(proc.stdout) == [], f"result lines without a device:\n{proc.stdout}")
+        print("nccl_raw: no usable CUDA device here; checked the error path only")
+        return
+    tests = nccl_log.summary(proc.stdout)
+    check([t["collective"] for t in tests] ==
+          ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"], f"{tests}")
+    for t in tests:
+        check([r["size"] for r in t["rows"]] == [1024, 8192, 65536], f"sizes {t}")
+        check(all(r["oop_wrong"] == 0 == r["ip_wrong"] for r in t["rows"]), f"wrong {t}")
+        check(t["out_of_bounds_ok"], f"footer {t}")
+
+
 def main():
     if len(sys.argv) < 4:
         print(__doc__)
@@ -382,7 +405,8 @@ def main():
     schema = sys.argv[4] if len(sys.argv) > 4 else ""
     try:
         {"golden": case_golden, "parse": case_parse, "corrupt": case_corrupt,
-         "json": case_json, "nccl": case_nccl, "device": case_device}[case](weftrun, perf, schema)
+         "json": case_json, "nccl": case_nccl, "device": case_device,
+         "nccl_raw": case_nccl_raw}[case](weftrun, perf, schema)
     except Failure as e:
         print(f"FAILED: {e}")
         return 1
