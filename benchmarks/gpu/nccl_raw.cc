@@ -225,6 +225,15 @@ struct Rank {
   std::vector<float> host;   // a host image of recv (or send) for -c
 };
 
+// Copies host <-> device in r.stream's order and waits: r.stream is a non-blocking stream, which
+// cudaMemcpy's legacy default stream does not order against (a pageable host-to-device cudaMemcpy
+// may even return before its DMA is done).
+void copy_sync(Rank& r, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  r.cuda->copy_async(dst, src, bytes, r.stream);
+  r.cuda->synchronize_stream(r.stream);
+}
+
 // Posts the collective once on r.stream.
 void post(Rank& r, const std::string& coll, size_t c, bool in_place) {
   float* recv = r.recv;
@@ -262,8 +271,8 @@ void fill(Rank& r, const std::string& coll, size_t c, bool in_place) {
       std::copy(send.begin(), send.end(), recv.begin());
     }
   }
-  if (!send.empty()) r.cuda->copy(r.send, send.data(), send.size() * sizeof(float));
-  if (!recv.empty()) r.cuda->copy(r.recv, recv.data(), recv.size() * sizeof(float));
+  copy_sync(r, r.send, send.data(), send.size() * sizeof(float));
+  copy_sync(r, r.recv, recv.data(), recv.size() * sizeof(float));
 }
 
 // Elements of this rank's result that differ from the closed form.
@@ -271,7 +280,7 @@ int64_t wrong(Rank& r, const std::string& coll, size_t c, bool in_place) {
   const int n = r.size;
   const bool wide = coll == "all_gather" || coll == "reduce_scatter";
   std::vector<float> got(wide ? c * n : c);
-  if (!got.empty()) r.cuda->copy(got.data(), r.recv, got.size() * sizeof(float));
+  copy_sync(r, got.data(), r.recv, got.size() * sizeof(float));
   auto sum = [&](size_t i) {
     float acc = 0;
     for (int q = 0; q < n; ++q) acc += input(q, i);
@@ -293,10 +302,9 @@ int64_t wrong(Rank& r, const std::string& coll, size_t c, bool in_place) {
 
 // A sum over ranks of one double, through NCCL on the rank's stream.
 double sum_over_ranks(Rank& r, double value) {
-  r.cuda->copy(r.scalar, &value, sizeof value);
+  copy_sync(r, r.scalar, &value, sizeof value);
   NCCL_CALL(ncclAllReduce(r.scalar, r.scalar, 1, ncclFloat64, ncclSum, r.comm, r.stream));
-  r.cuda->synchronize_stream(r.stream);
-  r.cuda->copy(&value, r.scalar, sizeof value);
+  copy_sync(r, &value, r.scalar, sizeof value);  // after the all_reduce, in r.stream's order
   return value;
 }
 
