@@ -286,7 +286,7 @@ const std::map<std::string, std::string> kIgnored = {
     {"-C", "report CPU time: weft-perf's times are the CPU's wall clock already"},
     {"-S", "timestamps are not printed"},
     {"-p", "parallel init: ranks always initialise in parallel, one process each"},
-    {"-y", "stream_null: weft has no CUDA streams"},
+    {"-y", "stream_null: --device cuda orders collectives after the default stream always"},
     {"-x", "CTA policy: no CUDA kernels run"},
     {"-D", "device implementation: no CUDA kernels run"},
     {"-V", "device CTA count: no CUDA kernels run"},
