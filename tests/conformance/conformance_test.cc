@@ -278,6 +278,20 @@ std::vector<int> world_sizes() {
   return {1, 2, 3, 4, 5, 8};
 }
 
+// The sizes of `sizes` (a test case's own list) that WEFT_TEST_WORLD_SIZES lets run: all of them
+// when it is unset or under a launcher (run_world skips the others there), else those it lists
+// (conformance_nccl_* run world size 1 only: NCCL refuses two ranks on one GPU).
+std::vector<int> world_sizes_among(const std::vector<int>& sizes) {
+  const char* only = std::getenv("WEFT_TEST_WORLD_SIZES");
+  if (launched() || only == nullptr || *only == '\0') return sizes;
+  const std::vector<int> listed = world_sizes();
+  std::vector<int> kept;
+  for (int size : sizes) {
+    if (std::find(listed.begin(), listed.end(), size) != listed.end()) kept.push_back(size);
+  }
+  return kept;
+}
+
 // Element counts for the cross products: empty, one element (fewer than ranks, so most chunks
 // are empty), and odd primes that never divide into ranks or chunks evenly.
 std::vector<size_t> small_counts() {
@@ -2353,7 +2367,7 @@ void check_debug_detail(Rank& r, const Variant& v) {
 
 TEST_CASE("under WEFT_DEBUG=detail every legal call runs and a mismatched one is a Desync",
           "[conformance][debug]") {
-  for (int size : {1, 2, 3, 5}) {
+  for (int size : world_sizes_among({1, 2, 3, 5})) {
     run_world(
         size, {"auto"}, [](Rank& r) { check_debug_detail(r, r.variants.front()); }, {"1"}, true);
   }
@@ -2426,7 +2440,7 @@ TEST_CASE("in symmetric mode a tensor straddling a symmetric buffer's end is Inv
     WARN("skipped: runs under WEFT_TEST_SYMMETRIC=1 (weft-conformance --symmetric) only");
     return;
   }
-  for (int size : {1, 2, 3}) {
+  for (int size : world_sizes_among({1, 2, 3})) {
     run_world(size, {"auto"}, [](Rank& r) {
       for (const Variant& v : r.variants) check_straddling(r, v);
     });
@@ -2435,7 +2449,7 @@ TEST_CASE("in symmetric mode a tensor straddling a symmetric buffer's end is Inv
 
 TEST_CASE("argument errors are InvalidArgument naming the argument, and issue nothing",
           "[conformance][errors]") {
-  for (int size : {1, 2, 3}) {
+  for (int size : world_sizes_among({1, 2, 3})) {
     run_world(size, {"auto"}, [](Rank& r) {
       const Variant& v = r.variants.front();
       ProcessGroup& pg = *v.pg;
