@@ -83,6 +83,7 @@
 
 #include "runtime/cuda_runtime.h"
 #include "tests/conformance/conformance_report.h"
+#include "tests/support/cuda_device.h"
 #include "tests/support/multiproc.h"
 
 namespace weft {
@@ -143,18 +144,11 @@ DeviceMode device_mode() {
 // Under WEFT_TEST_DEVICE=cuda on a machine with no usable CUDA device nothing here can run: the
 // executable says why and exits 77 (meson's "skipped") before any test case starts.
 const bool kDeviceChecked = [] {
-  if (std::getenv("WEFT_TEST_DEVICE") == nullptr ||
-      std::string_view(std::getenv("WEFT_TEST_DEVICE")) != "cuda") {
-    return true;
+  const char* value = std::getenv("WEFT_TEST_DEVICE");
+  if (value != nullptr && std::string_view(value) == "cuda") {
+    test::cuda_devices_or_skip("WEFT_TEST_DEVICE=cuda");
   }
-  try {
-    if (cuda_runtime().device_count() > 0) return true;
-    std::fprintf(stdout, "skipped: WEFT_TEST_DEVICE=cuda needs a CUDA device: none visible\n");
-  } catch (const std::exception& e) {
-    std::fprintf(stdout, "skipped: WEFT_TEST_DEVICE=cuda needs a CUDA device: %s\n", e.what());
-  }
-  std::fflush(stdout);
-  std::_Exit(77);
+  return true;
 }();
 
 // The CUDA device this rank's tensors lie on under WEFT_TEST_DEVICE=cuda: its local rank modulo
@@ -162,10 +156,7 @@ const bool kDeviceChecked = [] {
 int g_cuda_device = -1;
 
 void choose_device(int local_rank) {
-  if (device_mode() != DeviceMode::Cuda) return;
-  CudaRuntime& cuda = cuda_runtime();
-  g_cuda_device = local_rank % cuda.device_count();
-  cuda.set_device(g_cuda_device);
+  if (device_mode() == DeviceMode::Cuda) g_cuda_device = test::use_cuda_device_for(local_rank);
 }
 
 // Memory on the suite's device for one Buffer (its host image's twin), and the copies between
