@@ -13,7 +13,15 @@
 // reduce_scatter, all_to_all, gather, scatter (n-1)/n on the full array; broadcast, reduce,
 // sendrecv 1.
 //
-// Uses only weft's public API (include/weft), as any embedding program would.
+// --device cuda[:N] puts the buffers in CUDA device memory (cudaMalloc through libweft's CUDA
+// runtime loader), as nccl-tests' are: the collectives then run on the group's CUDA backend (nccl,
+// or tcp staging through pinned host memory), the timed loop posts its n iterations and then
+// synchronises (Work::synchronize(), nccl-tests' cudaStreamSynchronize), and -c copies inputs to
+// and results from the device around each check.
+//
+// Uses weft's public API (include/weft), as any embedding program would, and one internal header:
+// runtime/cuda_runtime.h, libweft's loader of the CUDA runtime, so that weft-perf allocates device
+// memory without linking CUDA (tests/public_api/private_includes_test.sh allows this one include).
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
@@ -45,6 +53,8 @@
 #include "weft/half.h"
 #include "weft/process_group.h"
 #include "weft/symmetric_buffer.h"
+
+#include "runtime/cuda_runtime.h"
 
 #ifndef WEFT_VERSION
 #define WEFT_VERSION "unknown"
@@ -82,6 +92,8 @@ struct Options {
   std::string csv_path;
   std::string backend;
   int symmetric = 0;               // -R 1: send and receive buffers in one symmetric buffer
+  bool cuda = false;               // --device cuda[:N]: buffers in CUDA device memory
+  int cuda_device = -1;            // N of cuda:N; -1: the local rank modulo the device count
   bool corrupt = false;            // test hook: flip one element before checking
   std::vector<std::string> notes;  // "# ..." lines rank 0 prints first (flags accepted, ignored)
   std::vector<std::string> args;
@@ -141,10 +153,12 @@ std::string usage_text(const std::string& name) {
       "usage: {} {}[-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
       "       [-m AGG] [-d TYPE|all] [-o OP|all] [-r ROOT|all] [-c CHECKS] [-z 0..3] [-a 0..3]\n"
       "       [-N CYCLES] [-T SECONDS] [-J FILE.json] [--csv FILE.csv] [-g N] [-t N]\n"
-      "       [-R 0|1] [--backend NAME]\n"
+      "       [-R 0|1] [--backend NAME] [--device cpu|cuda|cuda:N]\n"
       "nccl-tests' flags, also as --long_name VALUE or --long_name=VALUE (docs/weft-perf.md);\n"
       "-R 1 puts the buffers in symmetric memory (zero-copy collectives between local ranks,\n"
       "docs/symmetric-memory.md);\n"
+      "--device cuda puts them in CUDA memory on device (local rank % device count), cuda:N on\n"
+      "device N, as nccl-tests' buffers (-d stays the datatype); the default is cpu;\n"
       "-G, -C, -S, -p, -y, -x, -D, -V, -M, -u, -I, -K are accepted and ignored with a note.\n"
       "{}"
       "Launch under weftrun, mpirun or srun; without a launcher, -g N x -t M ranks are started\n"
@@ -225,6 +239,18 @@ std::vector<ReduceOp> parse_ops(const std::string& text) {
   return {*op};
 }
 
+// --device cpu, cuda or cuda:N.
+void parse_device(Options& o, const std::string& text) {
+  o.cuda = text.rfind("cuda", 0) == 0;
+  o.cuda_device = -1;
+  if (text == "cpu" || text == "cuda") return;
+  if (o.cuda && text.size() > 5 && text[4] == ':') {
+    o.cuda_device = parse_int("--device cuda:N", text.substr(5), 0, 1 << 16);
+    return;
+  }
+  usage_error("--device wants cpu, cuda or cuda:N, not \"" + text + "\"");
+}
+
 // nccl-tests' long options, by their short letter (its getopt_long table).
 const std::map<std::string, std::string> kLongNames = {{"--nthreads", "-t"},
                                                        {"--ngpus", "-g"},
@@ -265,7 +291,7 @@ const std::map<std::string, std::string> kIgnored = {
     {"-C", "report CPU time: weft-perf's times are the CPU's wall clock already"},
     {"-S", "timestamps are not printed"},
     {"-p", "parallel init: ranks always initialise in parallel, one process each"},
-    {"-y", "stream_null: weft has no CUDA streams"},
+    {"-y", "stream_null: --device cuda orders collectives after the default stream always"},
     {"-x", "CTA policy: no CUDA kernels run"},
     {"-D", "device implementation: no CUDA kernels run"},
     {"-V", "device CTA count: no CUDA kernels run"},
@@ -372,6 +398,8 @@ Options parse(int argc, char** argv) {
       o.backend = v;
     else if (flag == "-R")
       o.symmetric = parse_int(flag, v, 0, 1);
+    else if (flag == "--device")
+      parse_device(o, v);
     else if (auto it = kIgnored.find(flag); it != kIgnored.end())
       o.notes.push_back(fmt::format("{} {} ignored: {}", flag, v, it->second));
     else
@@ -380,6 +408,8 @@ Options parse(int argc, char** argv) {
   if (o.min_bytes > o.max_bytes) usage_error("-b is larger than -e");
   if (o.step_factor == 1 && o.step_bytes == 0) usage_error("-i 0 would never end");
   if (o.nthreads * o.ngpus > 4096) usage_error("-t x -g is more than 4096 ranks");
+  if (o.cuda && o.symmetric)
+    usage_error("-R 1 and --device cuda: symmetric buffers are host memory");
   return o;
 }
 
@@ -625,19 +655,115 @@ bool reduces(const std::string& coll) {
 }
 
 // send and recv live in `symmetric` under -R 1, in `owned` otherwise; scratch always in owned.
+// Under --device cuda the collectives run on device memory (device_send, device_recv,
+// device_scratch, cut from one cudaMalloc), and send, recv and scratch are their host images:
+// filled there and copied in before a check, copied back and checked there after it.
 struct Buffers {
   std::vector<std::byte> owned;
   std::shared_ptr<SymmetricBuffer> symmetric;
   std::span<std::byte> send, recv, scratch;
+
+  int device = -1;  // the CUDA device of the device buffers; -1: host buffers only
+  std::byte* device_memory = nullptr;
+  std::span<std::byte> device_send, device_recv, device_scratch;
+  // Where weft-perf's own small collectives (times, #wrong, device lines) run when the group
+  // has no backend for host memory (--backend nccl): staged through this device memory.
+  std::span<std::byte> device_control;
+
+  Buffers() = default;
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
+  ~Buffers() {
+    if (device_memory != nullptr) cuda_runtime().device_free(device_memory);
+  }
+
+  bool on_device() const { return device >= 0; }
+  // What the collectives run on.
+  std::span<std::byte> io_send() const { return on_device() ? device_send : send; }
+  std::span<std::byte> io_recv() const { return on_device() ? device_recv : recv; }
+  std::span<std::byte> io_scratch() const { return on_device() ? device_scratch : scratch; }
+  Device io_device() const { return on_device() ? Device::cuda(device) : Device{}; }
+};
+
+// Copies bytes between the buffers the collectives run on: ordered on the calling thread's
+// current CUDA stream under --device cuda (before the collective posted next, which waits for
+// that stream), a plain memcpy otherwise.
+void copy_io(const Buffers& b, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (b.on_device()) {
+    cuda_runtime().copy_async(dst, src, bytes, current_cuda_stream());
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+// Blocks until `work` is done: Work::synchronize() for device buffers (the device's work
+// included, as nccl-tests' cudaStreamSynchronize), then the current stream, where the in-place
+// sendrecv queues its copy after the collective; wait() otherwise.
+void complete(const Buffers& b, const std::shared_ptr<Work>& work) {
+  if (b.on_device()) {
+    work->synchronize();
+    cuda_runtime().synchronize_stream(current_cuda_stream());
+  } else {
+    work->wait();
+  }
+}
+
+// weft-perf's own small collectives on host values (times, #wrong counts, device lines): on host
+// tensors when the group has a backend for host memory, else staged through device_control.
+class Control {
+ public:
+  Control(ProcessGroup& pg, const Buffers& b) : pg_(pg), b_(b) {
+    host_ = true;
+    try {
+      pg.backend_name(DeviceKind::Cpu);
+    } catch (const Error&) {
+      host_ = !b.on_device();  // no host backend: stage through device memory when there is some
+    }
+  }
+
+  void all_reduce(Tensor t, ReduceOp op) {
+    staged(t, t.count, [&](Tensor d) { return pg_.all_reduce(d, op); });
+  }
+  void broadcast(Tensor t, int root) {
+    staged(t, t.count, [&](Tensor d) { return pg_.broadcast(d, root); });
+  }
+  // `out` holds size() x in.count elements.
+  void all_gather(Tensor out, Tensor in) {
+    if (host_) return pg_.all_gather_into_tensor(out, in)->wait();
+    const size_t width = dtype_size(in.dtype);
+    std::byte* base = b_.device_control.data();
+    WEFT_CHECK(in.nbytes() + out.nbytes() <= b_.device_control.size());
+    cuda_runtime().copy(base, in.data, in.nbytes());
+    Tensor d_in{base, in.count, in.dtype, b_.io_device()};
+    Tensor d_out{base + in.count * width, out.count, out.dtype, b_.io_device()};
+    pg_.all_gather_into_tensor(d_out, d_in)->synchronize();
+    cuda_runtime().copy(out.data, d_out.data, out.nbytes());
+  }
+
+ private:
+  template <typename F>
+  void staged(Tensor t, size_t count, F&& call) {
+    if (host_) return call(t)->wait();
+    WEFT_CHECK(t.nbytes() <= b_.device_control.size());
+    cuda_runtime().copy(b_.device_control.data(), t.data, t.nbytes());
+    call(Tensor{b_.device_control.data(), count, t.dtype, b_.io_device()})->synchronize();
+    cuda_runtime().copy(t.data, b_.device_control.data(), t.nbytes());
+  }
+
+  ProcessGroup& pg_;
+  const Buffers& b_;
+  bool host_;
 };
 
 class Runner {
  public:
-  Runner(ProcessGroup& pg, const Options& o, Buffers& buffers, std::string coll, DType t,
-         ReduceOp op, int root, Shape shape)
+  Runner(ProcessGroup& pg, const Options& o, Buffers& buffers, Control& control, std::string coll,
+         DType t, ReduceOp op, int root, Shape shape)
       : pg_(pg),
         o_(o),
         b_(buffers),
+        control_(control),
         coll_(std::move(coll)),
         t_(t),
         op_(op),
@@ -648,8 +774,16 @@ class Runner {
         n_(pg.size()) {}
 
   // Fills what the collective reads, for `in_place` or not. Output regions first get a value
-  // no result has (-1), so that an element never written counts as wrong.
+  // no result has (-1), so that an element never written counts as wrong. Under --device cuda
+  // the host images are filled, then copied to the device buffers.
   void fill(bool in_place) {
+    fill_host(in_place);
+    if (!b_.on_device() || s_.bytes == 0) return;
+    cuda_runtime().copy(b_.device_send.data(), b_.send.data(), s_.bytes);
+    cuda_runtime().copy(b_.device_recv.data(), b_.recv.data(), s_.bytes);
+  }
+
+  void fill_host(bool in_place) {
     const size_t c = s_.count;
     void* send = b_.send.data();
     void* recv = b_.recv.data();
@@ -679,11 +813,13 @@ class Runner {
 
   std::shared_ptr<Work> issue(bool in_place) {
     const size_t c = s_.count;
+    const Device device = b_.io_device();
     auto view = [&](std::span<std::byte> buf, size_t offset, size_t count) {
-      return Tensor{buf.data() + offset * dtype_size(t_), count, t_, Device{}};
+      return Tensor{buf.data() + offset * dtype_size(t_), count, t_, device};
     };
-    auto& send = b_.send;
-    auto& recv = b_.recv;
+    const std::span<std::byte> send = b_.io_send();
+    const std::span<std::byte> recv = b_.io_recv();
+    const std::span<std::byte> scratch = b_.io_scratch();
     if (coll_ == "all_reduce") {
       return in_place ? pg_.all_reduce(view(recv, 0, c), op_)
                       : pg_.all_reduce(view(send, 0, c), view(recv, 0, c), op_);
@@ -703,7 +839,7 @@ class Runner {
     }
     if (coll_ == "broadcast") {
       // weft's broadcast is in place; out of place, the root first copies its input over.
-      if (!in_place && rank_ == root_) std::memcpy(recv.data(), send.data(), c * dtype_size(t_));
+      if (!in_place && rank_ == root_) copy_io(b_, recv.data(), send.data(), c * dtype_size(t_));
       return pg_.broadcast(view(recv, 0, c), root_);
     }
     if (coll_ == "reduce") {
@@ -723,7 +859,7 @@ class Runner {
       // nccl-tests' hypercube all_gather: log2(n) steps; at the step of bit `mask` a rank
       // exchanges the mask blocks it has with rank ^ mask. REQUIRES: n a power of two.
       const size_t width = dtype_size(t_);
-      if (!in_place) std::memcpy(recv.data() + rank_ * c * width, send.data(), c * width);
+      if (!in_place) copy_io(b_, recv.data() + rank_ * c * width, send.data(), c * width);
       std::shared_ptr<Work> work = pg_.barrier();
       for (int mask = 1; mask < n_; mask <<= 1) {
         work->wait();
@@ -741,18 +877,22 @@ class Runner {
       const int next = (rank_ + 1) % n_, prev = (rank_ - 1 + n_) % n_;
       pg_.start_coalescing();
       pg_.send(in_place ? view(recv, 0, c) : view(send, 0, c), next);
-      pg_.recv(in_place ? view(b_.scratch, 0, c) : view(recv, 0, c), prev);
+      pg_.recv(in_place ? view(scratch, 0, c) : view(recv, 0, c), prev);
       auto work = pg_.end_coalescing();
       if (!in_place) return work;
-      work->wait();
-      std::memcpy(recv.data(), b_.scratch.data(), c * dtype_size(t_));
+      work->wait();  // for device buffers: orders the current stream, whose copy follows
+      copy_io(b_, recv.data(), scratch.data(), c * dtype_size(t_));
       return work;
     }
     return pg_.barrier();
   }
 
-  // Elements of this rank's result that differ from the expected values.
+  // Elements of this rank's result that differ from the expected values (the device's result
+  // copied back to the host image first, under --device cuda).
   int64_t wrong(bool in_place) {
+    if (b_.on_device() && s_.bytes > 0) {
+      cuda_runtime().copy(b_.recv.data(), b_.device_recv.data(), s_.bytes);
+    }
     const size_t c = s_.count;
     void* recv = b_.recv.data();
     int64_t bad = 0;
@@ -789,6 +929,13 @@ class Runner {
     return bad;
   }
 
+  // Every Work of `works` completed (synchronised, for device buffers), in issue order.
+  void wait_all_of(const std::vector<std::shared_ptr<Work>>& works) {
+    if (!b_.on_device()) return wait_all(works);
+    for (const auto& work : works) work->synchronize();
+    cuda_runtime().synchronize_stream(current_cuda_stream());  // copies queued after them
+  }
+
   struct Result {
     double time_us = 0;
     double algbw = 0, busbw = 0;
@@ -797,7 +944,7 @@ class Runner {
 
   Result run(bool in_place) {
     fill(in_place);
-    for (int i = 0; i < o_.warmup; ++i) issue(in_place)->wait();
+    for (int i = 0; i < o_.warmup; ++i) complete(b_, issue(in_place));
     pg_.barrier()->wait();
     std::vector<std::shared_ptr<Work>> works;
     works.reserve(size_t(o_.iters) * o_.agg);
@@ -808,29 +955,31 @@ class Runner {
       for (int m = 0; m < o_.agg; ++m) {
         auto work = issue(in_place);
         if (o_.blocking == 1 || o_.blocking == 2) {
-          work->wait();
+          complete(b_, work);
           if (o_.blocking == 1) pg_.barrier()->wait();
         } else {
           works.push_back(std::move(work));
         }
       }
       if (o_.blocking == 3) {
-        wait_all(works);
+        wait_all_of(works);
         works.clear();
         pg_.barrier()->wait();
       }
     }
-    wait_all(works);
+    // Device buffers: the loop has posted every iteration; this synchronises with the last
+    // (nccl-tests' cudaStreamSynchronize after its loop).
+    wait_all_of(works);
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count() / (double(o_.iters) * o_.agg);
     // -a: the time reported is rank 0's, the average, the minimum or the maximum over ranks.
     if (o_.average == 0) {
-      pg_.broadcast(Tensor::of(&seconds, 1), 0)->wait();
+      control_.broadcast(Tensor::of(&seconds, 1), 0);
     } else {
       ReduceOp how = o_.average == 1   ? ReduceOp::Avg
                      : o_.average == 2 ? ReduceOp::Min
                                        : ReduceOp::Max;
-      pg_.all_reduce(Tensor::of(&seconds, 1), how)->wait();
+      control_.all_reduce(Tensor::of(&seconds, 1), how);
     }
     Result r;
     r.time_us = seconds * 1e6;
@@ -842,9 +991,9 @@ class Runner {
     for (int c = 0; c < o_.check; ++c) {
       data_.set_rep(c);
       fill(in_place);
-      issue(in_place)->wait();
+      complete(b_, issue(in_place));
       r.wrong = wrong(in_place);
-      pg_.all_reduce(Tensor::of(&r.wrong, 1))->wait();
+      control_.all_reduce(Tensor::of(&r.wrong, 1), ReduceOp::Sum);
       if (r.wrong > 0) break;
     }
     data_.set_rep(0);
@@ -855,6 +1004,7 @@ class Runner {
   ProcessGroup& pg_;
   const Options& o_;
   Buffers& b_;
+  Control& control_;
   std::string coll_;
   DType t_;
   ReduceOp op_;
@@ -903,19 +1053,22 @@ std::string json_string(const std::string& s) {
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
 
 // One line per rank, gathered to every rank in rank order (nccl-tests' "Using devices").
-std::vector<std::string> device_lines(ProcessGroup& pg, const std::string& backend) {
-  constexpr size_t kLine = 256;
+constexpr size_t kDeviceLine = 256;
+
+std::vector<std::string> device_lines(ProcessGroup& pg, Control& control, const Buffers& buffers,
+                                      const std::string& backend) {
+  constexpr size_t kLine = kDeviceLine;
   char host[128] = {};
   gethostname(host, sizeof host - 1);
   std::string line = fmt::format(
-      "#  Rank {:2d} Group  0 Pid {:6d} on {:>10} device  0 [0000:00:00] "
-      "cpu, weft backend {}",
-      pg.rank(), int(getpid()), host, backend);
+      "#  Rank {:2d} Group  0 Pid {:6d} on {:>10} device {:2d} [0000:00:00] "
+      "{}, weft backend {}",
+      pg.rank(), int(getpid()), host, std::max(buffers.device, 0),
+      buffers.on_device() ? "cuda" : "cpu", backend);
   std::vector<char> mine(kLine, 0), all(kLine * pg.size());
   std::memcpy(mine.data(), line.data(), std::min(line.size(), kLine - 1));
-  pg.all_gather_into_tensor(Tensor{all.data(), all.size(), DType::UInt8, Device{}},
-                            Tensor{mine.data(), mine.size(), DType::UInt8, Device{}})
-      ->wait();
+  control.all_gather(Tensor{all.data(), all.size(), DType::UInt8, Device{}},
+                     Tensor{mine.data(), mine.size(), DType::UInt8, Device{}});
   std::vector<std::string> lines;
   for (int r = 0; r < pg.size(); ++r) lines.emplace_back(all.data() + r * kLine);
   return lines;
@@ -926,8 +1079,48 @@ std::string csv_field(const Runner::Result& r) {
                      json_number(r.busbw), r.wrong < 0 ? "" : std::to_string(r.wrong));
 }
 
-// `url`: where the ranks meet ("" for the launcher's environment, env://).
-int run(const Options& o, const std::string& url) {
+// This process's rank among those on its host, as its launcher says (weftrun and torchrun
+// LOCAL_RANK, Open MPI, Slurm, MPICH), or `fallback` when none does.
+int local_rank(int fallback) {
+  for (const char* name :
+       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return std::atoi(v);
+  }
+  return fallback;
+}
+
+// The CUDA device --device cuda[:N] means for this process: N, or the local rank modulo the
+// device count (nccl-tests' choice with one GPU per process). Made current for this thread.
+// Throws Error(Unsupported) naming the reason when there is no usable device, and
+// Error(InvalidArgument) for an N past the devices there are.
+int pick_device(const Options& o, int fallback_local_rank) {
+  CudaRuntime& cuda = cuda_runtime();
+  const int count = cuda.device_count();
+  if (count <= 0) {
+    throw_error(ErrorCode::Unsupported, "--device cuda", "no CUDA device visible");
+  }
+  const int device = o.cuda_device >= 0 ? o.cuda_device : local_rank(fallback_local_rank) % count;
+  if (device >= count) {
+    throw_error(ErrorCode::InvalidArgument, "--device cuda",
+                fmt::format("device {} does not exist: {} visible", device, count));
+  }
+  cuda.set_device(device);
+  return device;
+}
+
+// `url`: where the ranks meet ("" for the launcher's environment, env://). `here_rank`: the rank
+// run_here gave this process, -1 under a launcher.
+int run(const Options& o, const std::string& url, int here_rank) {
+  int device = -1;
+  if (o.cuda) {
+    try {
+      device = pick_device(o, std::max(here_rank, 0));
+    } catch (const Error& e) {
+      // Before the rendezvous: every rank says why and leaves at once, none waits for the others.
+      fmt::print(stderr, "{}: --device cuda: {}\n", g_program, e.what());
+      return 1;
+    }
+  }
   ProcessGroupOptions options;
   options.backend = o.backend;
   if (!url.empty()) options.url = url;
@@ -955,7 +1148,7 @@ int run(const Options& o, const std::string& url) {
                "collective,size,count,type,redop,root,oop_time_us,oop_algbw_gbps,oop_busbw_gbps,"
                "oop_wrong,ip_time_us,ip_algbw_gbps,ip_busbw_gbps,ip_wrong\n");
   }
-  const std::string backend = pg->backend_name(DeviceKind::Cpu);
+  const std::string backend = pg->backend_name(device >= 0 ? DeviceKind::Cuda : DeviceKind::Cpu);
   const std::string start_time = now_text();
   const std::vector<size_t> sizes = sizes_of(o);
 
@@ -984,8 +1177,23 @@ int run(const Options& o, const std::string& url) {
   }
   buffers.send = std::span<std::byte>(io, max_bytes);
   buffers.recv = std::span<std::byte>(io + max_bytes, max_bytes);
+  if (device >= 0) {
+    // Send, receive and scratch on the device as on the host, then weft-perf's control area.
+    CudaRuntime& cuda = cuda_runtime();
+    const size_t control = kDeviceLine * size_t(n) * 2;
+    buffers.device_memory =
+        static_cast<std::byte*>(cuda.device_alloc(device, 3 * max_bytes + control));
+    buffers.device = device;
+    cuda.fill(buffers.device_memory, 0, 3 * max_bytes + control);
+    std::byte* d = buffers.device_memory;
+    buffers.device_send = std::span<std::byte>(d, max_bytes);
+    buffers.device_recv = std::span<std::byte>(d + max_bytes, max_bytes);
+    buffers.device_scratch = std::span<std::byte>(d + 2 * max_bytes, max_bytes);
+    buffers.device_control = std::span<std::byte>(d + 3 * max_bytes, control);
+  }
+  Control control(*pg, buffers);
 
-  const std::vector<std::string> devices = device_lines(*pg, backend);
+  const std::vector<std::string> devices = device_lines(*pg, control, buffers, backend);
   std::string json_collectives;
   int total_bad_lines = 0;
   for (const std::string& coll : o.collectives) {
@@ -1000,6 +1208,9 @@ int run(const Options& o, const std::string& url) {
           o.step_factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.agg, o.check);
       if (o.symmetric) {
         fmt::print("# Buffers: symmetric memory (-R 1): collectives on them run zero-copy\n");
+      }
+      if (device >= 0) {
+        fmt::print("# Buffers: CUDA device memory (--device cuda): timed by Work::synchronize()\n");
       }
       if (o.blocking) {
         fmt::print("# Blocking Enabled: wait for completion and barrier after each collective \n");
@@ -1061,7 +1272,7 @@ int run(const Options& o, const std::string& url) {
           for (int cycle = 0; o.cycles == 0 || cycle < o.cycles; ++cycle)
             for (size_t size : run_sizes) {
               Shape shape = shape_of(coll, size, t, n);
-              Runner runner(*pg, o, buffers, coll, t, op, std::max(root, 0), shape);
+              Runner runner(*pg, o, buffers, control, coll, t, op, std::max(root, 0), shape);
               Runner::Result out = runner.run(false);
               Runner::Result in = runner.run(true);
               for (const auto* r : {&out, &in}) {
@@ -1127,11 +1338,11 @@ int run(const Options& o, const std::string& url) {
         R"({{"version":1,"tool":"weft-perf","weft_version":{},"start_time":{},"end_time":{},"args":[{}],)"
         R"("config":{{"ranks":{},"backend":{},"minimum_bytes":{},"maximum_bytes":{},{},"warmup_iters":{},)"
         R"("iterations":{},"aggregated_iterations":{},"validation":{},"blocking_collectives":{},"average":{},)"
-        R"("timeout_s":{}}},"devices":[{}],"collectives":[{}]}})",
+        R"("timeout_s":{},"device":{}}},"devices":[{}],"collectives":[{}]}})",
         json_string(WEFT_VERSION), json_string(start_time), json_string(now_text()), args, n,
         json_string(backend), o.min_bytes, o.max_bytes, step, o.warmup, o.iters, o.agg, o.check,
-        o.blocking ? "true" : "false", o.average, pg->timeout().count() / 1000, devs,
-        json_collectives);
+        o.blocking ? "true" : "false", o.average, pg->timeout().count() / 1000,
+        json_string(device >= 0 ? fmt::format("cuda:{}", device) : "cpu"), devs, json_collectives);
     std::ofstream file(o.json_path);
     file << doc << "\n";
     if (!file) {
@@ -1147,9 +1358,9 @@ int run(const Options& o, const std::string& url) {
 }
 
 // Runs one rank; its exit status.
-int run_rank(const Options& o, const std::string& url) {
+int run_rank(const Options& o, const std::string& url, int here_rank = -1) {
   try {
-    return run(o, url);
+    return run(o, url, here_rank);
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}: {}\n", g_program, e.what());
     return 1;
@@ -1173,7 +1384,7 @@ int run_here(const Options& o) {
   auto url = [&](int r) { return fmt::format("file://{}?rank={}&world_size={}", store, r, ranks); };
   int status = 0;
   if (ranks == 1) {
-    status = run_rank(o, url(0));
+    status = run_rank(o, url(0), 0);
   } else {
     std::fflush(nullptr);
     std::vector<pid_t> children;
@@ -1181,7 +1392,7 @@ int run_here(const Options& o) {
       pid_t pid = ::fork();
       if (pid == 0) {
         ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-        std::exit(run_rank(o, url(r)));
+        std::exit(run_rank(o, url(r), r));
       }
       if (pid < 0) {
         fmt::print(stderr, "{}: fork: {}\n", g_program, std::strerror(errno));

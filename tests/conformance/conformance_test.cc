@@ -19,6 +19,15 @@
 // element past a 64-byte line: off the 8-byte grid for elements under 8 bytes, element-aligned
 // always (the reduce kernels, like C++, need element alignment).
 //
+// WEFT_TEST_DEVICE=cuda puts every tensor the suite passes in CUDA device memory on device
+// (local rank % device count), allocated through libweft's CUDA runtime loader: each Buffer keeps a
+// host image that the checks fill and read as always, copied to the device before the buffer's
+// tensor is handed to a collective and back before the first read after it (Buffer, DeviceImage).
+// Run on the nccl backend (world size 1 on one GPU) or on tcp staging CUDA tensors through pinned
+// host memory. Where there is no usable device the whole executable says so and exits 77 (meson's
+// "skipped"). WEFT_TEST_DEVICE=fake runs the same plumbing on ordinary memory passed as host
+// tensors, so that a machine without a GPU checks the copies in and out against a real backend.
+//
 // WEFT_TEST_UNSUPPORTED=report (weft-conformance --unsupported=report) turns an Error(Unsupported)
 // from the backend into a note instead of a failure: the test case stops at that world size, the
 // note (world size and the error's text) goes to conformance_report.h's list, which
@@ -73,7 +82,9 @@
 #include "weft/symmetric_buffer.h"
 #include "weft/tcp_store.h"
 
+#include "runtime/cuda_runtime.h"
 #include "tests/conformance/conformance_report.h"
+#include "tests/support/cuda_device.h"
 #include "tests/support/multiproc.h"
 
 namespace weft {
@@ -111,6 +122,98 @@ std::string unsupported_in(const std::string& output) {
 bool symmetric_mode() {
   const char* value = std::getenv("WEFT_TEST_SYMMETRIC");
   return value && std::string_view(value) == "1";
+}
+
+// ---- Device mode (WEFT_TEST_DEVICE).
+
+enum class DeviceMode { Host, Cuda, Fake };
+
+DeviceMode device_mode() {
+  static const DeviceMode mode = [] {
+    const char* value = std::getenv("WEFT_TEST_DEVICE");
+    if (value == nullptr || *value == '\0' || std::string_view(value) == "cpu") {
+      return DeviceMode::Host;
+    }
+    if (std::string_view(value) == "cuda") return DeviceMode::Cuda;
+    if (std::string_view(value) == "fake") return DeviceMode::Fake;
+    throw std::invalid_argument(
+        fmt::format("WEFT_TEST_DEVICE=\"{}\": expected cpu (the default), cuda or fake", value));
+  }();
+  return mode;
+}
+
+// Under WEFT_TEST_DEVICE=cuda on a machine with no usable CUDA device nothing here can run: the
+// executable says why and exits 77 (meson's "skipped") before any test case starts.
+const bool kDeviceChecked = [] {
+  const char* value = std::getenv("WEFT_TEST_DEVICE");
+  if (value != nullptr && std::string_view(value) == "cuda") {
+    test::cuda_devices_or_skip("WEFT_TEST_DEVICE=cuda");
+  }
+  return true;
+}();
+
+// The CUDA device this rank's tensors lie on under WEFT_TEST_DEVICE=cuda: its local rank modulo
+// the device count, chosen when the rank starts (choose_device). -1 before.
+int g_cuda_device = -1;
+
+void choose_device(int local_rank) {
+  if (device_mode() == DeviceMode::Cuda) g_cuda_device = test::use_cuda_device_for(local_rank);
+}
+
+// Memory on the suite's device for one Buffer (its host image's twin), and the copies between
+// them. Fake mode: ordinary memory, passed to the backend as host tensors.
+class DeviceImage {
+ public:
+  explicit DeviceImage(size_t bytes) : bytes_(bytes) {
+    if (bytes_ == 0) return;
+    if (device_mode() == DeviceMode::Cuda) {
+      memory_ = cuda_runtime().device_alloc(g_cuda_device, bytes_);
+    } else {
+      memory_ = ::operator new(bytes_);
+    }
+  }
+  ~DeviceImage() {
+    if (memory_ == nullptr) return;
+    if (device_mode() == DeviceMode::Cuda) {
+      cuda_runtime().device_free(memory_);
+    } else {
+      ::operator delete(memory_);
+    }
+  }
+  DeviceImage(const DeviceImage&) = delete;
+  DeviceImage& operator=(const DeviceImage&) = delete;
+
+  void* data() const { return memory_; }
+  Device device() const {
+    return device_mode() == DeviceMode::Cuda ? Device::cuda(g_cuda_device) : Device::cpu();
+  }
+  // Synchronous copies on the legacy default stream: after whatever a Work's wait() ordered
+  // that stream behind, before the collective issued next (which waits for that stream).
+  void copy_in(const void* host) const {
+    if (bytes_ == 0) return;
+    if (device_mode() == DeviceMode::Cuda) {
+      cuda_runtime().copy(memory_, host, bytes_);
+    } else {
+      std::memcpy(memory_, host, bytes_);
+    }
+  }
+  void copy_out(void* host) const {
+    if (bytes_ == 0) return;
+    if (device_mode() == DeviceMode::Cuda) {
+      cuda_runtime().copy(host, memory_, bytes_);
+    } else {
+      std::memcpy(host, memory_, bytes_);
+    }
+  }
+
+ private:
+  size_t bytes_;
+  void* memory_ = nullptr;
+};
+
+// Where a tensor the suite makes without a Buffer (null data, zero elements) says it lies.
+Device suite_device() {
+  return device_mode() == DeviceMode::Cuda ? Device::cuda(g_cuda_device) : Device::cpu();
 }
 
 bool full_run() {
@@ -165,6 +268,20 @@ std::vector<int> world_sizes() {
   }
   if (full_run()) return {1, 2, 3, 4, 5, 6, 7, 8};
   return {1, 2, 3, 4, 5, 8};
+}
+
+// The sizes of `sizes` (a test case's own list) that WEFT_TEST_WORLD_SIZES lets run: all of them
+// when it is unset or under a launcher (run_world skips the others there), else those it lists
+// (conformance_nccl_* run world size 1 only: NCCL refuses two ranks on one GPU).
+std::vector<int> world_sizes_among(const std::vector<int>& sizes) {
+  const char* only = std::getenv("WEFT_TEST_WORLD_SIZES");
+  if (launched() || only == nullptr || *only == '\0') return sizes;
+  const std::vector<int> listed = world_sizes();
+  std::vector<int> kept;
+  for (int size : sizes) {
+    if (std::find(listed.begin(), listed.end(), size) != listed.end()) kept.push_back(size);
+  }
+  return kept;
 }
 
 // Element counts for the cross products: empty, one element (fewer than ranks, so most chunks
@@ -730,6 +847,7 @@ class Buffer {
   // The memory starts uninitialised: every check fills what it passes. operator new aligns it
   // for every dtype. With an arena (symmetric_mode()), the memory is cut from it, reserving
   // room for `at_most` elements (the same on every rank: see Arena).
+  // Under WEFT_TEST_DEVICE, the memory is the host image of a DeviceImage (see sync()).
   Buffer(DType dtype, size_t count) : Buffer(nullptr, dtype, count) {}
   Buffer(Arena* arena, DType dtype, size_t count, size_t at_most = 0)
       : dtype_(dtype),
@@ -737,16 +855,28 @@ class Buffer {
         storage_(arena       ? arena->take(dtype, count, at_most)
                  : count > 0 ? new unsigned char[count * dtype_size(dtype)]
                              : nullptr,
-                 Release{arena}) {}
+                 Release{arena}),
+        device_(device_mode() != DeviceMode::Host
+                    ? std::make_unique<DeviceImage>(count * dtype_size(dtype))
+                    : nullptr) {}
 
   DType dtype() const { return dtype_; }
   size_t count() const { return count_; }
-  Tensor tensor() { return Tensor{storage_.get(), count_, dtype_, Device::cpu()}; }
+  // The tensor a collective gets: the device image under WEFT_TEST_DEVICE, brought up to date
+  // with the host image first.
+  Tensor tensor() {
+    if (device_) {
+      sync(Side::Device);
+      return Tensor{device_->data(), count_, dtype_, device_->device()};
+    }
+    return Tensor{storage_.get(), count_, dtype_, Device::cpu()};
+  }
   Tensor tensor(size_t offset, size_t n) { return tensor().slice(offset, n); }
 
   // Instrumented under TSan: this reads what weft wrote, so a write that lands after the Work
   // completed is a race it reports.
   uint64_t get(size_t i) const {
+    if (device_) sync(Side::Host);
     switch (dtype_size(dtype_)) {
       case 1:
         return element<uint8_t>(i);
@@ -760,6 +890,10 @@ class Buffer {
   }
   // Not instrumented: buffers are filled before the collective that uses them is issued.
   REFERENCE void set(size_t i, uint64_t bits) {
+    if (device_) {
+      sync(Side::Host);
+      newer_ = Side::Host;
+    }
     switch (dtype_size(dtype_)) {
       case 1:
         element<uint8_t>(i) = static_cast<uint8_t>(bits);
@@ -803,9 +937,29 @@ class Buffer {
     }
   };
 
+  // Under WEFT_TEST_DEVICE, which of the two images may hold what the other does not: the host
+  // after set(), the device once a tensor of it has been handed out (a collective may write it).
+  // sync(side) makes `side` current, copying the whole buffer across when it is not.
+  enum class Side { Both, Host, Device };
+  void sync(Side side) const {
+    if (newer_ == Side::Both || newer_ == side) {
+      if (side == Side::Device) newer_ = Side::Device;
+      return;
+    }
+    if (side == Side::Device) {
+      device_->copy_in(storage_.get());
+      newer_ = Side::Device;
+    } else {
+      device_->copy_out(storage_.get());
+      newer_ = Side::Both;
+    }
+  }
+
   DType dtype_;
   size_t count_;
   std::unique_ptr<unsigned char[], Release> storage_;  // null when empty and not in an arena
+  std::unique_ptr<DeviceImage> device_;                // WEFT_TEST_DEVICE only
+  mutable Side newer_ = Side::Both;                    // WEFT_TEST_DEVICE only
 };
 
 // One rank's failed checks. A wrong result does not stop the rank (the others expect it at the
@@ -918,6 +1072,13 @@ void run_rank_body(int rank, int size, uint16_t port, const std::vector<std::str
     throw std::invalid_argument(fmt::format(
         "WEFT_TEST_SYMMETRIC=1 runs on the tcp backend only (symmetric memory), not {}", backend));
   }
+  if (symmetric_mode() && device_mode() != DeviceMode::Host) {
+    throw std::invalid_argument(
+        "WEFT_TEST_SYMMETRIC=1 and WEFT_TEST_DEVICE: symmetric buffers "
+        "are host memory");
+  }
+  // The ranks forked here share one host; a launcher says which local rank this process is.
+  choose_device(launched() ? launch().rdzv.local_rank : rank);
   // Before weft reads its configuration, which it does once per process.
   if (debug_detail) setenv("WEFT_DEBUG", "detail", 1);
   ProcessGroupOptions options;
@@ -2095,7 +2256,7 @@ TEST_CASE("collectives issued back to back before any wait run in order and stay
 void check_zero_sized(Rank& r, const Variant& v, DType dtype) {
   const size_t p = v.pg->size();
   {
-    const Tensor none{nullptr, 0, dtype, Device::cpu()};
+    const Tensor none{nullptr, 0, dtype, suite_device()};
     const std::vector<Tensor> nones(p, none);
     const std::vector<size_t> zeros(p, 0);
     const ReduceOp op = dtype == DType::Bool ? ReduceOp::BOr : ReduceOp::Sum;
@@ -2281,7 +2442,7 @@ void check_debug_detail(Rank& r, const Variant& v) {
 
 TEST_CASE("under WEFT_DEBUG=detail every legal call runs and a mismatched one is a Desync",
           "[conformance][debug]") {
-  for (int size : {1, 2, 3, 5}) {
+  for (int size : world_sizes_among({1, 2, 3, 5})) {
     run_world(
         size, {"auto"}, [](Rank& r) { check_debug_detail(r, r.variants.front()); }, {"1"}, true);
   }
@@ -2354,7 +2515,7 @@ TEST_CASE("in symmetric mode a tensor straddling a symmetric buffer's end is Inv
     WARN("skipped: runs under WEFT_TEST_SYMMETRIC=1 (weft-conformance --symmetric) only");
     return;
   }
-  for (int size : {1, 2, 3}) {
+  for (int size : world_sizes_among({1, 2, 3})) {
     run_world(size, {"auto"}, [](Rank& r) {
       for (const Variant& v : r.variants) check_straddling(r, v);
     });
@@ -2363,7 +2524,7 @@ TEST_CASE("in symmetric mode a tensor straddling a symmetric buffer's end is Inv
 
 TEST_CASE("argument errors are InvalidArgument naming the argument, and issue nothing",
           "[conformance][errors]") {
-  for (int size : {1, 2, 3}) {
+  for (int size : world_sizes_among({1, 2, 3})) {
     run_world(size, {"auto"}, [](Rank& r) {
       const Variant& v = r.variants.front();
       ProcessGroup& pg = *v.pg;
@@ -2403,7 +2564,7 @@ TEST_CASE("argument errors are InvalidArgument naming the argument, and issue no
       }
       if (r.size > 1) {
         expect_invalid(r, "send of a null tensor with elements", "tensor", [&] {
-          pg.send(Tensor{nullptr, 3, DType::Float32, Device::cpu()}, (r.rank + 1) % r.size);
+          pg.send(Tensor{nullptr, 3, DType::Float32, suite_device()}, (r.rank + 1) % r.size);
         });
       }
       // dtype mismatch.
@@ -2427,9 +2588,13 @@ TEST_CASE("argument errors are InvalidArgument naming the argument, and issue no
       // To this rank itself: legal (c10d's habit), matched on this rank, numbered nothing.
       {
         std::vector<int32_t> mine = {1, -2, 3}, back(3, 0);
-        auto sent = pg.send(Tensor::of(mine.data(), 3), r.rank, 7);
-        pg.recv(Tensor::of(back.data(), 3), r.rank, 7)->wait();
+        Buffer sent_buffer(DType::Int32, 3), back_buffer(DType::Int32, 3);  // on the suite's device
+        sent_buffer.fill([&](size_t i) { return static_cast<uint32_t>(mine[i]); });
+        back_buffer.fill([](size_t) { return uint64_t{0}; });
+        auto sent = pg.send(sent_buffer.tensor(), r.rank, 7);
+        pg.recv(back_buffer.tensor(), r.rank, 7)->wait();
         sent->wait();
+        for (size_t i = 0; i < back.size(); ++i) back[i] = static_cast<int32_t>(back_buffer.get(i));
         if (back != mine) {
           r.report.add(fmt::format("rank {} send/recv to itself gave [{}], not [{}]", r.rank,
                                    fmt::join(back, ", "), fmt::join(mine, ", ")));

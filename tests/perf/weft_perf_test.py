@@ -24,6 +24,14 @@ CASE is one of:
            ignored flags (-G) noted, -c N, --csv, the other links (alltoall_perf, hypercube_perf),
            ranks that disagree about the dtype failing with Desync (not #wrong), and a usage
            error printed once for three ranks.
+  device   --device cuda: where a CUDA device is usable, one rank and two (weft-perf's own
+           children) run all_reduce and all_gather on device buffers with #wrong = 0 and the
+           header says so; where none is, weft-perf exits 1 naming the reason ("--device cuda:
+           ... no usable CUDA device ..."), never a crash. Either way --device gpu and -R 1 with
+           --device cuda are usage errors (exit 2).
+  nccl_raw WEFT_PERF is benchmarks/gpu/nccl_raw: with a usable CUDA device, every collective it
+           has prints weft-perf's table (nccl_log reads it) with #wrong = 0 at each size; without
+           one it exits 1 naming the reason. An unknown flag is a usage error (exit 2).
 Exit 0 on success, 1 on failure, 77 (meson's "skipped") when jsonschema is missing.
 """
 import csv
@@ -339,6 +347,58 @@ def case_nccl(weftrun, link, _schema):
     check(said == 1, f"the usage error is printed {said} times:\n{proc.stderr}")
 
 
+def case_device(_weftrun, perf, _schema):
+    proc = run_alone(perf, ["all_reduce", "-b", "8", "-e", "8", "--device", "gpu"],
+                     expect_ok=False)
+    check(proc.returncode == 2 and "--device wants cpu, cuda or cuda:N, not \"gpu\"" in proc.stderr,
+          f"--device gpu: exit {proc.returncode}\n{proc.stderr}")
+    proc = run_alone(perf, ["all_reduce", "-b", "8", "-e", "8", "--device", "cuda", "-R", "1"],
+                     expect_ok=False)
+    check(proc.returncode == 2 and "symmetric buffers are host memory" in proc.stderr,
+          f"-R 1 --device cuda: exit {proc.returncode}\n{proc.stderr}")
+    args = ["all_reduce", "-b", "1K", "-e", "64K", "-f", "8", "-n", "3", "--device", "cuda"]
+    proc = run_alone(perf, args, expect_ok=False)
+    if proc.returncode != 0:
+        # No usable device here: a clear error from every rank, before any rendezvous.
+        check(proc.returncode == 1, f"--device cuda without a device: exit {proc.returncode} "
+              f"(not 1)\n{proc.stdout}\n{proc.stderr}")
+        check(re.search(r"--device cuda: .*(no usable CUDA device|no CUDA device|CUDA)",
+                        proc.stderr) is not None, f"no reason given:\n{proc.stderr}")
+        check(nccl_log.parse(proc.stdout) == [], f"result lines without a device:\n{proc.stdout}")
+        proc = run_alone(perf, args + ["-g", "2"], expect_ok=False)
+        check(proc.returncode == 1 and "--device cuda: " in proc.stderr,
+              f"-g 2 --device cuda without a device: exit {proc.returncode}\n{proc.stderr}")
+        print("device: no usable CUDA device here; checked the error path only")
+        return
+    for extra in ([], ["-g", "2"]):
+        for coll in ("all_reduce", "all_gather"):
+            proc = run_alone(perf, [coll] + args[1:] + extra)
+            check("# Buffers: CUDA device memory (--device cuda)" in proc.stdout, proc.stdout)
+            rows = nccl_log.parse(proc.stdout)
+            check(len(rows) == 2 and all(r["oop_wrong"] == 0 == r["ip_wrong"] for r in rows),
+                  f"{coll} {extra}: {rows}")
+
+
+def case_nccl_raw(_weftrun, raw, _schema):
+    proc = run_alone(raw, ["all_reduce", "--bogus", "1"], expect_ok=False)
+    check(proc.returncode == 2 and "unknown flag --bogus" in proc.stderr,
+          f"--bogus: exit {proc.returncode}\n{proc.stderr}")
+    proc = run_alone(raw, ["all", "-b", "1K", "-e", "64K", "-f", "8", "-n", "3"], expect_ok=False)
+    if proc.returncode != 0:
+        check(proc.returncode == 1 and "nccl_raw: " in proc.stderr and "CUDA" in proc.stderr,
+              f"nccl_raw without a device: exit {proc.returncode}\n{proc.stderr}")
+        check(nccl_log.parse(proc.stdout) == [], f"result lines without a device:\n{proc.stdout}")
+        print("nccl_raw: no usable CUDA device here; checked the error path only")
+        return
+    tests = nccl_log.summary(proc.stdout)
+    check([t["collective"] for t in tests] ==
+          ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"], f"{tests}")
+    for t in tests:
+        check([r["size"] for r in t["rows"]] == [1024, 8192, 65536], f"sizes {t}")
+        check(all(r["oop_wrong"] == 0 == r["ip_wrong"] for r in t["rows"]), f"wrong {t}")
+        check(t["out_of_bounds_ok"], f"footer {t}")
+
+
 def main():
     if len(sys.argv) < 4:
         print(__doc__)
@@ -347,7 +407,8 @@ def main():
     schema = sys.argv[4] if len(sys.argv) > 4 else ""
     try:
         {"golden": case_golden, "parse": case_parse, "corrupt": case_corrupt,
-         "json": case_json, "nccl": case_nccl}[case](weftrun, perf, schema)
+         "json": case_json, "nccl": case_nccl, "device": case_device,
+         "nccl_raw": case_nccl_raw}[case](weftrun, perf, schema)
     except Failure as e:
         print(f"FAILED: {e}")
         return 1
