@@ -92,7 +92,9 @@ void Launcher::launch(const Collective& c, const ErrorContext& context) {
       return;
     case CollectiveKind::Gather: {
       const Tensor& x = c.inputs.at(0);
-      void* y = rank_ == c.root ? c.outputs.at(0).data : nullptr;
+      // Non-roots have no output: NCCL does not use their receive buffer, but gets a valid
+      // device pointer rather than null, whatever its argument checks do with it.
+      void* y = rank_ == c.root ? c.outputs.at(0).data : x.data;
       check(ncclGather(x.data, y, x.count, require_nccl_dtype(x.dtype, context), c.root, comm_,
                        stream),
             "ncclGather", context);
@@ -100,7 +102,7 @@ void Launcher::launch(const Collective& c, const ErrorContext& context) {
     }
     case CollectiveKind::Scatter: {
       const Tensor& y = c.outputs.at(0);
-      const void* x = rank_ == c.root ? c.inputs.at(0).data : nullptr;
+      const void* x = rank_ == c.root ? c.inputs.at(0).data : y.data;  // unused off the root
       check(ncclScatter(x, y.data, y.count, require_nccl_dtype(y.dtype, context), c.root, comm_,
                         stream),
             "ncclScatter", context);

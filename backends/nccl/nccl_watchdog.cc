@@ -9,6 +9,15 @@
 #include "runtime/log.h"
 
 namespace weft::nccl {
+namespace {
+
+// "300 s", "1500 ms": how timeouts read in messages.
+std::string format_timeout(std::chrono::milliseconds ms) {
+  if (ms.count() % 1000 == 0) return fmt::format("{} s", ms.count() / 1000);
+  return fmt::format("{} ms", ms.count());
+}
+
+}  // namespace
 
 Watchdog::Watchdog(std::shared_ptr<Store> store, ErrorContext base, std::chrono::milliseconds poll)
     : failure_(std::move(store), base.rank), base_(std::move(base)), poll_(poll) {
@@ -163,12 +172,12 @@ std::optional<Watchdog::Failure> Watchdog::poll_once(
       failure.code = ErrorCode::Timeout;
       failure.context = p.work->context();
       failure.first = p.work.get();
-      failure.error = std::make_exception_ptr(Error(
-          ErrorCode::Timeout, p.work->context(),
-          fmt::format("did not finish on cuda:{} within {} ms; the group's NCCL communicators "
-                      "were aborted (a rank is stuck, gone or issued other collectives; set "
-                      "WEFT_TIMEOUT)",
-                      p.device, p.work->timeout().count())));
+      failure.error = std::make_exception_ptr(
+          Error(ErrorCode::Timeout, p.work->context(),
+                fmt::format("did not finish on cuda:{} within {}; the group's NCCL communicators "
+                            "were aborted (a rank is stuck, gone or issued other collectives; set "
+                            "WEFT_TIMEOUT)",
+                            p.device, format_timeout(p.work->timeout()))));
       failure.for_others = fmt::format("failed with the group: {} timed out on cuda:{}",
                                        p.work->context().describe(), p.device);
       return failure;
