@@ -58,4 +58,18 @@ int current_device(const ErrorContext& context) {
   return device;
 }
 
+DeviceGuard::DeviceGuard(int device, const ErrorContext& context) {
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) {
+    cudaGetLastError();
+    previous = -1;
+  }
+  use_device(device, context);
+  previous_ = previous == device ? -1 : previous;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
 }  // namespace weft::nccl

@@ -27,4 +27,18 @@ void use_device(int device, const ErrorContext& context);
 // The calling thread's current device (cudaGetDevice), with use_device()'s errors.
 int current_device(const ErrorContext& context);
 
+// use_device(device) for a scope, then the thread's previous device again: a collective posted on
+// cuda:1 from a thread whose current device is cuda:0 leaves it at cuda:0, as c10d's device guard
+// does. Throws as use_device().
+class DeviceGuard {
+ public:
+  DeviceGuard(int device, const ErrorContext& context);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 }  // namespace weft::nccl

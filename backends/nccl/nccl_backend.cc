@@ -205,7 +205,7 @@ std::shared_ptr<Work> NcclBackend::run(std::vector<Collective> parts, ErrorConte
     for (const Collective& c : parts) validate(c, part_context(c));
     const Clock::time_point deadline = Clock::now() + options_.timeout;
     const int device = device_of(parts, context);
-    use_device(device, context);
+    DeviceGuard device_guard(device, context);
     std::shared_ptr<NcclComm> comm = comm_for(device, context);
 
     NcclComm::Use use(*comm);

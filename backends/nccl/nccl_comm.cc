@@ -109,7 +109,7 @@ std::shared_ptr<NcclComm> NcclComm::adopt(ncclComm_t comm, int device,
 NcclComm::NcclComm(ncclComm_t comm, int device, const ErrorContext& context)
     : device_(device), events_(std::make_shared<EventPool>(device)), comm_(comm) {
   try {
-    check_cuda(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device), context);
+    DeviceGuard device_guard(device, context);
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                "cudaStreamCreateWithFlags (the nccl backend's stream)", context);
   } catch (...) {
@@ -197,7 +197,7 @@ ncclComm_t NcclComm::split(int color, int key, Clock::time_point deadline,
         ErrorCode::Aborted, context,
         fmt::format("ncclCommSplit on cuda:{}: the parent's communicator was aborted", device_));
   }
-  check_cuda(cudaSetDevice(device_), fmt::format("cudaSetDevice({})", device_), context);
+  DeviceGuard device_guard(device_, context);
   ncclConfig_t config = non_blocking_config();
   ncclComm_t child = nullptr;
   const ncclResult_t started = ncclCommSplit(comm, color, key, &child, &config);
@@ -288,8 +288,11 @@ void NcclComm::destroy(Clock::time_point deadline) {
   if (comm == nullptr) return;
   // ncclCommFinalize flushes what is queued and tears down the connections; non-blocking, it
   // reports progress through the async error, so the wait is bounded by the deadline.
+  int previous = -1;
+  cudaGetDevice(&previous);
   cudaSetDevice(device_);
   ncclResult_t state = ncclCommFinalize(comm);
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
   Backoff backoff;
   while (state == ncclInProgress) {
     state = query_async(comm);
