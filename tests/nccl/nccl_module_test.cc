@@ -14,6 +14,7 @@
 
 #include "weft/backend.h"
 #include "weft/hash_store.h"
+#include "weft/process_group.h"
 
 namespace weft {
 namespace {
@@ -119,6 +120,42 @@ TEST_CASE("without a usable CUDA device a collective fails with Unsupported nami
   CHECK(code == ErrorCode::Unsupported);
   backend.reset();
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
+
+TEST_CASE(
+    "a group with cuda:nccl hands CUDA tensors to the module, which fails cleanly without a "
+    "device",
+    "[nccl]") {
+  const std::string reason = no_device_reason();
+  if (reason.empty()) {
+    WARN("this machine has a CUDA device: tests/nccl/nccl_gpu_test covers it");
+    return;
+  }
+  nccl_entry();
+  ProcessGroupOptions options;
+  options.store = std::make_shared<HashStore>();
+  options.rank = 0;
+  options.world_size = 1;
+  options.backend = "cpu:tcp,cuda:nccl";
+  options.timeout = std::chrono::seconds(10);
+  auto pg = init_process_group(options);
+  CHECK(pg->backend_name(DeviceKind::Cuda) == "nccl");
+  std::vector<float> data(4, 1.0f);  // never read: the device check comes first
+  std::string what;
+  try {
+    pg->all_reduce(Tensor::of(data.data(), data.size(), Device::cuda(0)))
+        ->synchronize(std::chrono::seconds(5));
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Unsupported);
+    what = e.what();
+  }
+  INFO(what);
+  CHECK(what.find("all_reduce #1") != std::string::npos);
+  CHECK(what.find("Unsupported: backend \"nccl\" has no usable CUDA device: cudaGetDeviceCount "
+                  "failed") != std::string::npos);
+  // Host tensors still go to tcp.
+  pg->all_reduce(Tensor::of(data.data(), data.size()))->wait();
+  CHECK(data[0] == 1.0f);
 }
 
 TEST_CASE("what NCCL cannot do is refused before any device is touched", "[nccl]") {
