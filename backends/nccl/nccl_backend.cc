@@ -169,7 +169,7 @@ std::shared_ptr<NcclComm> NcclBackend::comm_for(int device, const ErrorContext& 
                options_.timeout -
                    std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start));
   std::shared_ptr<NcclComm> comm =
-      NcclComm::create(device, options_.rank, options_.size, id, left, context);
+      NcclComm::create(device, options_.rank, options_.size, id, left, aborted_, context);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     comms_[device] = comm;
@@ -282,6 +282,9 @@ std::shared_ptr<void> NcclBackend::split(int color, int key, const ErrorContext&
   return result;
 }
 
-void NcclBackend::abort(const std::string& reason) { watchdog_.abort(reason); }
+void NcclBackend::abort(const std::string& reason) {
+  aborted_.store(true, std::memory_order_release);
+  watchdog_.abort(reason);
+}
 
 }  // namespace weft::nccl

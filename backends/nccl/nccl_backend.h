@@ -25,6 +25,7 @@
 // (aborting them past a deadline) and joins the watchdog: it never hangs.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,8 @@ class NcclBackend final : public Backend {
   std::map<int, std::shared_ptr<NcclComm>> comms_;  // guarded by mutex_; by device
   int next_unique_id_ = 0;                          // guarded by mutex_; uid rounds made
   int last_device_ = -1;                            // guarded by mutex_
+  // Raised by abort(): ends a communicator's initialisation in progress on the posting thread.
+  std::atomic<bool> aborted_{false};
   Watchdog watchdog_;
 };
 

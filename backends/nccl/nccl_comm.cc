@@ -64,6 +64,7 @@ ncclResult_t query_async(ncclComm_t comm) {
 std::shared_ptr<NcclComm> NcclComm::create(int device, int rank, int size,
                                            const std::vector<uint8_t>& unique_id,
                                            std::chrono::milliseconds timeout,
+                                           const std::atomic<bool>& cancel,
                                            const ErrorContext& context) {
   const auto deadline = Clock::now() + timeout;
   ncclUniqueId id;
@@ -87,6 +88,12 @@ std::shared_ptr<NcclComm> NcclComm::create(int device, int rank, int size,
       const std::string text = describe_nccl_result(state, comm);
       ncclCommAbort(comm);
       throw Error(error_code_for(state), context, fmt::format("{}: {}", what, text));
+    }
+    if (cancel.load(std::memory_order_acquire)) {
+      ncclCommAbort(comm);
+      throw Error(
+          ErrorCode::Aborted, context,
+          fmt::format("{}: the backend was aborted while the communicator initialised", what));
     }
     if (Clock::now() >= deadline) {
       ncclCommAbort(comm);

@@ -402,6 +402,34 @@ void missing_rank_times_out_init() {
   EXPECT(Clock::now() - start < std::chrono::seconds(20), "destruction after a failed init");
 }
 
+// abort() from another thread ends a communicator's initialisation that waits for a rank that
+// never comes: the post returns a failed Work well before the group's timeout.
+void abort_ends_init() {
+  BackendOptions o = options(0, 2, std::chrono::seconds(120));
+  auto backend = entry().factory(o);
+  DeviceBuffer x(64);
+  std::shared_ptr<Work> work;
+  const auto start = Clock::now();
+  std::thread poster([&] {
+    Collective c = make(CollectiveKind::AllReduce, {on_device(x, DType::Float32, 16)},
+                        {on_device(x, DType::Float32, 16)});
+    c.seq = next_seq++;
+    work = backend->post(c, context_of(CollectiveKind::AllReduce, c.seq));
+  });
+  // Rank 0 publishes the unique id just before it starts the communicator: then abort.
+  o.store->wait({"nccl/uid/0"}, std::chrono::seconds(30));
+  backend->abort("test abort during init");
+  poster.join();
+  ErrorCode code = ErrorCode::Internal;
+  try {
+    work->synchronize(std::chrono::seconds(5));
+  } catch (const Error& e) {
+    code = e.code();
+  }
+  EXPECT(code == ErrorCode::Aborted, "a post whose init was aborted fails with Aborted");
+  EXPECT(Clock::now() - start < std::chrono::seconds(30), "abort did not end the init");
+}
+
 void split_makes_a_working_child(Backend& parent) {
   EXPECT(parent.split(Backend::kNoColor, 0, context_of(CollectiveKind::Barrier, 0)) == nullptr,
          "no color: nothing");
@@ -445,6 +473,7 @@ int main() {
   abort_is_bounded();
   watchdog_timeout_is_bounded();
   missing_rank_times_out_init();
+  abort_ends_init();
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ok", failures);
   return failures ? 1 : 0;
 }
