@@ -203,10 +203,12 @@ std::shared_ptr<Work> NcclBackend::run(std::vector<Collective> parts, ErrorConte
   };
   try {
     for (const Collective& c : parts) validate(c, part_context(c));
-    const Clock::time_point deadline = Clock::now() + options_.timeout;
     const int device = device_of(parts, context);
     DeviceGuard device_guard(device, context);
     std::shared_ptr<NcclComm> comm = comm_for(device, context);
+    // The collective's own timeout runs from here: creating the communicator (the first call on
+    // a device) had one of its own.
+    const Clock::time_point deadline = Clock::now() + options_.timeout;
 
     NcclComm::Use use(*comm);
     ncclComm_t handle = use.comm();
