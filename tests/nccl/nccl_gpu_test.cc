@@ -354,8 +354,9 @@ void abort_is_bounded() {
   HeldStream held;
   auto work = post_held(*backend, held, x);
   const auto start = Clock::now();
+  // abort() from another thread; the stream stays held until the Work has failed (or 10 s
+  // passed), so that an abort that waited for the collective would show here, not hang.
   std::thread aborter([&] { backend->abort("test abort"); });
-  aborter.join();
   ErrorCode code = ErrorCode::Internal;
   try {
     work->synchronize(std::chrono::seconds(10));
@@ -365,6 +366,7 @@ void abort_is_bounded() {
   EXPECT(code == ErrorCode::Aborted, "the pending Work fails with Aborted");
   EXPECT(Clock::now() - start < std::chrono::seconds(10), "abort took too long");
   held.release();
+  aborter.join();
 }
 
 void watchdog_timeout_is_bounded() {
