@@ -189,12 +189,6 @@ ncclResult_t NcclComm::async_error() {
   return query_async(comm_);
 }
 
-std::string NcclComm::last_error() {
-  std::lock_guard<std::mutex> lock(state_mutex_);
-  const char* text = ncclGetLastError(comm_);
-  return text != nullptr ? text : "";
-}
-
 ncclComm_t NcclComm::split(int color, int key, Clock::time_point deadline,
                            const ErrorContext& context) {
   Use use(*this);

@@ -88,8 +88,6 @@ class NcclComm {
 
   // ncclCommGetAsyncError; ncclSuccess when the communicator is gone. Any thread.
   ncclResult_t async_error();
-  // NCCL's last error text for this communicator ("" when none).
-  std::string last_error();
 
   // ncclCommSplit into `color` (NCCL_SPLIT_NOCOLOR: none) ordered by `key`, non-blocking and
   // bounded by `deadline`. Returns the child (nullptr for NCCL_SPLIT_NOCOLOR). Throws as

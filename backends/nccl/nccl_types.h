@@ -61,7 +61,8 @@ ncclDataType_t require_nccl_dtype(DType dtype, const ErrorContext& context);
 ErrorCode error_code_for(ncclResult_t result);
 
 // "ncclRemoteError (remote process exited or there was a network error): <last error>", NCCL's
-// name, string and, when it has one, ncclGetLastError's text.
+// name, string and, when it has one, ncclGetLastError's text (NCCL keeps one last error per
+// process: its argument is unused, so `comm` may be null).
 std::string describe_nccl_result(ncclResult_t result, ncclComm_t comm);
 
 }  // namespace weft::nccl

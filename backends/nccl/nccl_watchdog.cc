@@ -141,12 +141,7 @@ std::optional<Watchdog::Failure> Watchdog::poll_once(
     const std::string cause = fmt::format(
         "NCCL reported {} on the communicator on cuda:{}; the group's NCCL communicators were "
         "aborted",
-        describe_nccl_result(state, nullptr) +
-            [&] {
-              const std::string last = comm->last_error();
-              return last.empty() ? std::string() : ": " + last;
-            }(),
-        comm->device());
+        describe_nccl_result(state, nullptr), comm->device());
     failure.for_others = cause;
     return failure;
   }
