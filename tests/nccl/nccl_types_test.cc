@@ -47,10 +47,20 @@ std::pair<ErrorCode, std::string> error_of(F&& f) {
 
 TEST_CASE("every weft dtype maps to the NCCL type of its width and kind", "[nccl]") {
   const std::map<DType, ncclDataType_t> expected = {
-      {DType::Float32, ncclFloat32},   {DType::Float64, ncclFloat64}, {DType::Float16, ncclFloat16},
-      {DType::BFloat16, ncclBfloat16}, {DType::Int8, ncclInt8},       {DType::UInt8, ncclUint8},
-      {DType::Int32, ncclInt32},       {DType::Int64, ncclInt64},     {DType::Bool, ncclUint8},
-      {DType::UInt32, ncclUint32},     {DType::UInt64, ncclUint64},
+      {DType::Float32, ncclFloat32},
+      {DType::Float64, ncclFloat64},
+      {DType::Float16, ncclFloat16},
+      {DType::BFloat16, ncclBfloat16},
+      {DType::Int8, ncclInt8},
+      {DType::UInt8, ncclUint8},
+      {DType::Int32, ncclInt32},
+      {DType::Int64, ncclInt64},
+      {DType::Bool, ncclUint8},
+      {DType::UInt32, ncclUint32},
+      {DType::UInt64, ncclUint64},
+      // The fp8 dtypes (Float8E4M3 = 11, Float8E5M2 = 12) by value: checked once weft has them.
+      {static_cast<DType>(11), ncclFloat8e4m3},
+      {static_cast<DType>(12), ncclFloat8e5m2},
   };
   for (DType dtype : kAllDTypes) {
     INFO(dtype_name(dtype));
