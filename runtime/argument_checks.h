@@ -35,18 +35,6 @@ class ArgumentChecker {
     throw Error(ErrorCode::InvalidArgument, state_.context(op_, state_.seq + 1), detail);
   }
 
-  // A list of tensors that are not back to back is copied through host memory (runtime/staging.h),
-  // which CUDA tensors cannot take: refuse it for them, naming the contiguous form.
-  void stageable(const Tensor& like, std::string_view name, std::string_view contiguous) const {
-    if (like.device.kind == DeviceKind::Cuda) {
-      fail(
-          fmt::format("{}: the CUDA tensors of a list must lie back to back in one allocation "
-                      "(weft does not stage lists of separate CUDA tensors); pass them as one "
-                      "tensor ({})",
-                      name, contiguous));
-    }
-  }
-
   // A valid dtype, data for every element, and a byte size that neither overflows size_t nor
   // runs past the end of the address space (a wrapped size would move a few bytes and succeed).
   void tensor(const Tensor& t, std::string_view name) const {

@@ -104,10 +104,10 @@ class PinnedPool : public std::enable_shared_from_this<PinnedPool> {
   std::vector<Block> blocks_;  // guarded by mutex_
 };
 
-// The host image of one operation: the collective the host backend runs, what to copy in before
-// and out after, and the pinned buffers it uses.
+// The host image of one operation (or coalesced unit): the collectives the host backend runs,
+// what to copy in before and out after, and the pinned buffers they use.
 struct StagedCall {
-  Collective host;
+  std::vector<Collective> host;
   struct Copy {
     void* device;
     void* pinned;
@@ -126,8 +126,7 @@ bool lies_within(const Tensor& inner, const Tensor& outer) {
 
 // Each output gets a pinned buffer; an input that lies inside an output (the in-place forms)
 // takes its place in that output's buffer, so the host backend sees the same aliasing.
-StagedCall stage(Collective c, PinnedPool& pool) {
-  StagedCall staged;
+void stage(Collective c, PinnedPool& pool, StagedCall& staged, bool keep_trace) {
   std::vector<Tensor> pinned_outputs;
   for (const Tensor& out : c.outputs) {
     Tensor host = out;
@@ -163,9 +162,8 @@ StagedCall stage(Collective c, PinnedPool& pool) {
   c.inputs = std::move(pinned_inputs);
   c.outputs = std::move(pinned_outputs);
   c.stream = nullptr;
-  c.trace = TraceRef{};  // the outer Work reports to the recorder, once
-  staged.host = std::move(c);
-  return staged;
+  if (!keep_trace) c.trace = TraceRef{};  // the outer Work reports to the recorder, once
+  staged.host.push_back(std::move(c));
 }
 
 int call_device(const Collective& c) {
@@ -221,37 +219,17 @@ class CudaStagingBackend final : public Backend {
   }
 
   std::shared_ptr<Work> post(Collective c, ErrorContext context) override {
-    auto outer = std::make_shared<Work>(context, timeout_);
-    outer->expect_device_completion();
-    outer->set_trace(c.trace);
-    if (c.source) outer->set_source(c.source);
-    try {
-      const int device = call_device(c);
-      Streams& streams = streams_for(device);
-      CudaRuntime& cuda = cuda_runtime();
-      auto staged = std::make_shared<StagedCall>(stage(c, *pool_));
-      // The copies in run after what the caller's stream queued before this call.
-      auto ready = std::make_shared<OwnedEvent>(device);
-      if (!staged->copy_in.empty()) {
-        auto issued = std::make_shared<OwnedEvent>(device);
-        cuda.record_event(issued->get(), c.stream);
-        cuda.stream_wait_event(streams.in, issued->get());
-        for (const StagedCall::Copy& copy : staged->copy_in) {
-          cuda.copy_async(copy.pinned, copy.device, copy.bytes, streams.in);
-        }
-      }
-      cuda.record_event(ready->get(), streams.in);
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++in_flight_;
-      }
-      enqueue(Job{ready, Clock::now() + timeout_, outer, [this, outer, staged, context, device] {
-                    run_on_host(outer, staged, context, device);
-                  }});
-    } catch (...) {
-      outer->fail_if_pending(std::current_exception());
-    }
-    return outer;
+    std::vector<Collective> one;
+    one.push_back(std::move(c));
+    return stage_and_post(std::move(one), std::move(context), false);
+  }
+
+  // A coalesced unit goes to the host backend as one unit (its sends and receives are posted
+  // together there: both ranks may receive first), staged as one.
+  std::shared_ptr<Work> post_coalesced(std::vector<Collective> collectives,
+                                       ErrorContext context) override {
+    if (collectives.empty()) return Work::completed(std::move(context));
+    return stage_and_post(std::move(collectives), std::move(context), true);
   }
 
   void abort(const std::string& reason) override {
@@ -266,6 +244,46 @@ class CudaStagingBackend final : public Backend {
   }
 
  private:
+  std::shared_ptr<Work> stage_and_post(std::vector<Collective> cs, ErrorContext context,
+                                       bool coalesced) {
+    auto outer = std::make_shared<Work>(context, timeout_);
+    outer->expect_device_completion();
+    if (!coalesced) {
+      outer->set_trace(cs[0].trace);
+      if (cs[0].source) outer->set_source(cs[0].source);
+    }
+    try {
+      const int device = call_device(cs[0]);
+      const CudaStream caller = cs[0].stream;
+      Streams& streams = streams_for(device);
+      CudaRuntime& cuda = cuda_runtime();
+      auto staged = std::make_shared<StagedCall>();
+      for (Collective& c : cs) stage(std::move(c), *pool_, *staged, coalesced);
+      // The copies in run after what the caller's stream queued before this call.
+      auto ready = std::make_shared<OwnedEvent>(device);
+      if (!staged->copy_in.empty()) {
+        auto issued = std::make_shared<OwnedEvent>(device);
+        cuda.record_event(issued->get(), caller);
+        cuda.stream_wait_event(streams.in, issued->get());
+        for (const StagedCall::Copy& copy : staged->copy_in) {
+          cuda.copy_async(copy.pinned, copy.device, copy.bytes, streams.in);
+        }
+      }
+      cuda.record_event(ready->get(), streams.in);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++in_flight_;
+      }
+      enqueue(Job{ready, Clock::now() + timeout_, outer,
+                  [this, outer, staged, context, device, coalesced] {
+                    run_on_host(outer, staged, context, device, coalesced);
+                  }});
+    } catch (...) {
+      outer->fail_if_pending(std::current_exception());
+    }
+    return outer;
+  }
+
   struct Streams {
     CudaStream in = nullptr;   // copies to pinned memory (they wait for callers' streams)
     CudaStream out = nullptr;  // copies back to the device (they wait for nothing)
@@ -396,8 +414,9 @@ class CudaStagingBackend final : public Backend {
 
   // Staging thread: the inputs are in pinned memory; run the host collective.
   void run_on_host(const std::shared_ptr<Work>& outer, const std::shared_ptr<StagedCall>& staged,
-                   const ErrorContext& context, int device) {
-    std::shared_ptr<Work> inner = host_->post(staged->host, context);
+                   const ErrorContext& context, int device, bool coalesced) {
+    std::shared_ptr<Work> inner = coalesced ? host_->post_coalesced(staged->host, context)
+                                            : host_->post(staged->host[0], context);
     outer->mark_started();
     inner->on_complete([this, outer, staged, device](const Work& done) {
       if (std::exception_ptr error = done.exception()) {

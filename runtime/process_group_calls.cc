@@ -89,7 +89,6 @@ std::shared_ptr<Work> ProcessGroup::all_gather(std::vector<Tensor> outputs, Tens
     c.outputs = {*whole};
     return submit(*state_, std::move(c));
   }
-  check.stageable(input, "outputs", "all_gather_into_tensor");
   auto [staged, copy_out] = stage_out(*state_->staging, outputs, input);
   c.outputs = {staged};
   return submit(*state_, std::move(c), std::move(copy_out));
@@ -148,7 +147,6 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor output, std::vector<Te
     c.inputs = {*whole};
     return submit(*state_, std::move(c));
   }
-  check.stageable(output, "inputs", "reduce_scatter_tensor");
   auto [lease, staged] = stage_in(*state_->staging, inputs, output);
   c.inputs = {staged};
   return submit(*state_, std::move(c), [lease] {});
@@ -218,7 +216,6 @@ std::shared_ptr<Work> ProcessGroup::gather(std::vector<Tensor> outputs, Tensor i
     c.outputs = {*whole};
     return submit(*state_, std::move(c));
   }
-  check.stageable(input, "outputs", "gather_into_tensor");
   auto [staged, copy_out] = stage_out(*state_->staging, outputs, input);
   c.outputs = {staged};
   return submit(*state_, std::move(c), std::move(copy_out));
@@ -265,7 +262,6 @@ std::shared_ptr<Work> ProcessGroup::scatter(Tensor output, std::vector<Tensor> i
     c.inputs = {*whole};
     return submit(*state_, std::move(c));
   }
-  check.stageable(output, "inputs", "scatter_from_tensor");
   auto [lease, staged] = stage_in(*state_->staging, inputs, output);
   c.inputs = {staged};
   return submit(*state_, std::move(c), [lease] {});

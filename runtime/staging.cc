@@ -1,11 +1,29 @@
 #include "runtime/staging.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
 
+#include "runtime/cuda_runtime.h"
+
 namespace weft {
 namespace {
+
+// CUDA lists stage through device memory of their own: allocated per call and freed when the
+// lease goes (after the collective has finished on the device). A fallback for the list forms;
+// the contiguous forms need none of it.
+BufferPool::Lease device_lease(int device, size_t bytes) {
+  CudaRuntime& cuda = cuda_runtime();
+  void* memory = cuda.device_alloc(device, std::max<size_t>(bytes, 1));
+  return BufferPool::Lease(memory, [](void* p) {
+    try {
+      cuda_runtime().device_free(p);
+    } catch (...) {
+      // Nothing to do: the memory is lost, the program goes on.
+    }
+  });
+}
 
 // Where a collective of this rank takes its input in place inside its output: the one overlap of
 // the two that every algorithm handles.
@@ -52,6 +70,18 @@ std::pair<BufferPool::Lease, Tensor> stage_in(BufferPool& pool, const std::vecto
   const size_t element = dtype_size(like.dtype);
   size_t total = 0;
   for (const Tensor& t : list) total += t.count;
+  if (like.device.kind == DeviceKind::Cuda) {
+    // Device to device, in the caller's stream's order: the collective waits for that stream.
+    BufferPool::Lease lease = device_lease(like.device.index, total * element);
+    char* to = static_cast<char*>(lease.get());
+    for (const Tensor& t : list) {
+      if (t.count > 0) {
+        cuda_runtime().copy_async(to, t.data, t.count * element, current_cuda_stream());
+      }
+      to += t.count * element;
+    }
+    return {lease, Tensor{lease.get(), total, like.dtype, like.device}};
+  }
   BufferPool::Lease lease = pool.acquire(total * element);
   char* to = static_cast<char*>(lease.get());
   for (const Tensor& t : list) {
@@ -66,6 +96,19 @@ std::pair<Tensor, Epilogue> stage_out(BufferPool& pool, const std::vector<Tensor
   const size_t element = dtype_size(like.dtype);
   size_t total = 0;
   for (const Tensor& t : list) total += t.count;
+  if (like.device.kind == DeviceKind::Cuda) {
+    // The epilogue runs once the collective has finished on the device (its Work completed):
+    // synchronous copies out, so the list's Work completes with its tensors written.
+    BufferPool::Lease lease = device_lease(like.device.index, total * element);
+    Tensor staged{lease.get(), total, like.dtype, like.device};
+    return {staged, [lease, list, element] {
+              const char* from = static_cast<const char*>(lease.get());
+              for (const Tensor& t : list) {
+                if (t.count > 0) cuda_runtime().copy(t.data, from, t.count * element);
+                from += t.count * element;
+              }
+            }};
+  }
   BufferPool::Lease lease = pool.acquire(total * element);
   Tensor staged{lease.get(), total, like.dtype, like.device};
   return {staged, [lease, list, element] {

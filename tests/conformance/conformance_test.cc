@@ -85,6 +85,7 @@
 #include "runtime/cuda_runtime.h"
 #include "tests/conformance/conformance_report.h"
 #include "tests/support/cuda_device.h"
+#include "tests/support/fake_cuda.h"
 #include "tests/support/multiproc.h"
 
 namespace weft {
@@ -134,10 +135,14 @@ DeviceMode device_mode() {
     if (value == nullptr || *value == '\0' || std::string_view(value) == "cpu") {
       return DeviceMode::Host;
     }
-    if (std::string_view(value) == "cuda") return DeviceMode::Cuda;
+    // staged: CUDA tensors against tests/support/fake_cuda.h's stand-in runtime (installed
+    // below), so the host backend's staging of CUDA tensors runs the whole suite without a GPU.
+    if (std::string_view(value) == "cuda" || std::string_view(value) == "staged") {
+      return DeviceMode::Cuda;
+    }
     if (std::string_view(value) == "fake") return DeviceMode::Fake;
-    throw std::invalid_argument(
-        fmt::format("WEFT_TEST_DEVICE=\"{}\": expected cpu (the default), cuda or fake", value));
+    throw std::invalid_argument(fmt::format(
+        "WEFT_TEST_DEVICE=\"{}\": expected cpu (the default), cuda, staged or fake", value));
   }();
   return mode;
 }
@@ -148,6 +153,10 @@ const bool kDeviceChecked = [] {
   const char* value = std::getenv("WEFT_TEST_DEVICE");
   if (value != nullptr && std::string_view(value) == "cuda") {
     test::cuda_devices_or_skip("WEFT_TEST_DEVICE=cuda");
+  }
+  if (value != nullptr && std::string_view(value) == "staged") {
+    static test::FakeCuda fake;  // inherited by every forked rank
+    set_cuda_runtime_for_testing(&fake);
   }
   return true;
 }();

@@ -24,6 +24,7 @@
 #include "weft/weft.h"
 
 #include "runtime/cuda_runtime.h"
+#include "tests/support/fake_cuda.h"
 #include "tests/support/multiproc.h"
 
 using namespace weft;
@@ -31,139 +32,7 @@ using std::chrono::seconds;
 
 namespace {
 
-class FakeCuda final : public CudaRuntime {
- public:
-  std::string describe() const override { return "fake CUDA runtime (tests/cuda)"; }
-  int device_count() override { return 2; }
-  void set_device(int) override {}
-  int device_of(const void* pointer) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [base, bytes] : device_) {
-      auto p = static_cast<const char*>(pointer);
-      if (p >= base && p < base + bytes) return 0;
-    }
-    return -1;
-  }
-  void* host_alloc(size_t bytes) override {
-    ++pinned_allocations;
-    return std::malloc(bytes);
-  }
-  void host_free(void* pointer) override { std::free(pointer); }
-  void* device_alloc(int, size_t bytes) override {
-    auto* p = static_cast<char*>(std::malloc(bytes));
-    std::memset(p, 0xEE, bytes);
-    std::lock_guard<std::mutex> lock(mutex_);
-    device_[p] = bytes;
-    return p;
-  }
-  void device_free(void* pointer) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    device_.erase(static_cast<char*>(pointer));
-    std::free(pointer);
-  }
-  void copy_async(void* dst, const void* src, size_t bytes, CudaStream stream) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue(stream).push_back([=] { std::memcpy(dst, src, bytes); });
-    ++queued_copies;
-  }
-  void copy(void* dst, const void* src, size_t bytes) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [stream, pending] : streams_) run(pending, pending.size());
-    std::memcpy(dst, src, bytes);
-  }
-  void fill(void* dst, int value, size_t bytes) override { std::memset(dst, value, bytes); }
-  CudaStream create_stream(int) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto stream = reinterpret_cast<CudaStream>(++next_handle_);
-    streams_[stream];
-    return stream;
-  }
-  void destroy_stream(CudaStream stream) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    run(streams_[stream], streams_[stream].size());
-    streams_.erase(stream);
-  }
-  void synchronize_stream(CudaStream stream) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    run(queue(stream), queue(stream).size());
-  }
-  CudaEvent create_event(int) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto event = reinterpret_cast<CudaEvent>(++next_handle_);
-    events_[event] = Event{};
-    return event;
-  }
-  void destroy_event(CudaEvent event) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    events_.erase(event);
-  }
-  // The event covers what `stream` queued so far.
-  void record_event(CudaEvent event, CudaStream stream) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    Event& e = events_.at(event);
-    e.stream = stream;
-    e.ticket = executed_[stream] + queue(stream).size();
-    e.recorded = true;
-  }
-  // Not done at the first query (the device is "busy"); the second runs the copies it covers.
-  bool event_done(CudaEvent event) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    Event& e = events_.at(event);
-    if (!e.recorded) return true;
-    if (e.ticket <= executed_[e.stream]) return true;
-    if (!e.queried) {
-      e.queried = true;
-      return false;
-    }
-    reach(e);
-    return true;
-  }
-  // A stream waiting for an event: the device runs what the event covers first.
-  void stream_wait_event(CudaStream stream, CudaEvent event) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    Event& e = events_.at(event);
-    if (e.recorded) reach(e);
-    ++waits[stream];
-  }
-
-  // Runs everything queued on `stream` (the caller's kernels "finish").
-  void drain(CudaStream stream) { synchronize_stream(stream); }
-
-  std::atomic<int> pinned_allocations{0};
-  std::atomic<int> queued_copies{0};
-  std::map<CudaStream, int> waits;  // guarded by mutex_
-
- private:
-  struct Event {
-    CudaStream stream = nullptr;
-    size_t ticket = 0;
-    bool recorded = false;
-    bool queried = false;
-  };
-  std::deque<std::function<void()>>& queue(CudaStream stream) { return streams_[stream]; }
-  void run(std::deque<std::function<void()>>& pending, size_t n) {
-    CudaStream stream = nullptr;
-    for (auto& [s, q] : streams_) {
-      if (&q == &pending) stream = s;
-    }
-    for (size_t i = 0; i < n && !pending.empty(); ++i) {
-      pending.front()();
-      pending.pop_front();
-      ++executed_[stream];
-    }
-  }
-  void reach(const Event& e) {
-    size_t done = executed_[e.stream];
-    if (e.ticket > done) run(queue(e.stream), e.ticket - done);
-  }
-
-  std::mutex mutex_;
-  std::map<char*, size_t> device_;                                   // guarded by mutex_
-  std::map<CudaStream, std::deque<std::function<void()>>> streams_;  // guarded by mutex_
-  std::map<CudaStream, size_t> executed_;                            // guarded by mutex_
-  std::map<CudaEvent, Event> events_;                                // guarded by mutex_
-  uintptr_t next_handle_ = 0x1000;                                   // guarded by mutex_
-};
+using test::FakeCuda;
 
 std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size, const std::string& backend) {
   ProcessGroupOptions options;
@@ -331,26 +200,31 @@ TEST_CASE("cuda tensors on tcp: ordered after the caller's stream; wait() orders
   });
 }
 
-TEST_CASE("cuda tensors: lists of separate tensors are refused, naming the contiguous form",
-          "[cuda]") {
+TEST_CASE("cuda tensors: lists of separate tensors are staged through device memory", "[cuda]") {
   const uint16_t port = test::free_port();
   test::run_ranks_ok(2, [&](int rank) {
     FakeCuda cuda;
     set_cuda_runtime_for_testing(&cuda);
     auto pg = join(port, rank, 2, "cpu:tcp,cuda:tcp");
     const Device gpu = Device::cuda(0);
-    float* a = static_cast<float*>(cuda.device_alloc(0, 64));
-    float* b = static_cast<float*>(cuda.device_alloc(0, 64));
-    float* in = static_cast<float*>(cuda.device_alloc(0, 64));
-    try {
-      pg->all_gather({Tensor::of(a, 4, gpu), Tensor::of(b, 4, gpu)}, Tensor::of(in, 4, gpu));
-      RANK_CHECK(false, "a scattered list of CUDA tensors was accepted");
-    } catch (const Error& e) {
-      RANK_CHECK(e.code() == ErrorCode::InvalidArgument, "{}", e.what());
-      RANK_CHECK(std::string(e.what()).find("all_gather_into_tensor") != std::string::npos, "{}",
-                 e.what());
-    }
-    RANK_CHECK(pg->sequence_number() == 0, "a refused call took a sequence number");
+    // all_gather into two separate allocations; reduce_scatter from two.
+    std::vector<float> mine(4, float(rank + 1));
+    float* in = on_device(cuda, mine);
+    float* a = static_cast<float*>(cuda.device_alloc(0, 4 * sizeof(float)));
+    float* b = static_cast<float*>(cuda.device_alloc(0, 4 * sizeof(float)));
+    pg->all_gather({Tensor::of(a, 4, gpu), Tensor::of(b, 4, gpu)}, Tensor::of(in, 4, gpu))
+        ->synchronize();
+    for (float v : to_host(cuda, a, 4)) RANK_CHECK(v == 1.0f, "block 0: {}", v);
+    for (float v : to_host(cuda, b, 4)) RANK_CHECK(v == 2.0f, "block 1: {}", v);
+    std::vector<float> x0(4, float(10 * rank)), x1(4, float(10 * rank + 1));
+    float* d0 = on_device(cuda, x0);
+    float* d1 = on_device(cuda, x1);
+    float* out = static_cast<float*>(cuda.device_alloc(0, 4 * sizeof(float)));
+    pg->reduce_scatter(Tensor::of(out, 4, gpu), {Tensor::of(d0, 4, gpu), Tensor::of(d1, 4, gpu)})
+        ->wait();  // a list's Work completes on the host once its copies out are done
+    const float want = rank == 0 ? 0.0f + 10.0f : 1.0f + 11.0f;
+    for (float v : to_host(cuda, out, 4))
+      RANK_CHECK(v == want, "reduce_scatter: {} != {}", v, want);
     pg->destroy();
   });
 }
