@@ -125,6 +125,7 @@ Backend& ProcessGroup::State::backend_for(DeviceKind kind, const ErrorContext& w
   options.global_ranks = global_ranks;
   options.settings = backend_settings;
   options.device = kind;
+  options.abort_requested = [signal = abort_signal] { return signal->raised(); };
   if (auto inherited = from_parent.find(kind); inherited != from_parent.end()) {
     options.from_parent = std::move(inherited->second);
     from_parent.erase(inherited);
@@ -367,6 +368,10 @@ std::shared_ptr<SymmetricBuffer> ProcessGroup::allocate_symmetric(size_t bytes) 
 void ProcessGroup::abort(const std::string& reason) {
   State& s = *state_;
   std::vector<Backend*> backends;
+  // Raised before taking the group's lock, which a post() may hold while a backend sets up (the
+  // nccl backend's first collective makes its communicator): such a backend polls the signal
+  // (BackendOptions::abort_requested), and the store waits end on it.
+  s.abort_signal->raise(reason);
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.aborted) return;

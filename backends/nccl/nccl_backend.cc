@@ -168,8 +168,15 @@ std::shared_ptr<NcclComm> NcclBackend::comm_for(int device, const ErrorContext& 
       std::max(std::chrono::milliseconds(1),
                options_.timeout -
                    std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start));
-  std::shared_ptr<NcclComm> comm =
-      NcclComm::create(device, options_.rank, options_.size, id, left, aborted_, context);
+  std::shared_ptr<NcclComm> comm = NcclComm::create(
+      device, options_.rank, options_.size, id, left,
+      [this] {
+        // This backend's abort(), or the group's, which cannot reach abort()
+        // while the group's post() (this call) holds its lock.
+        return aborted_.load(std::memory_order_acquire) ||
+               (options_.abort_requested && options_.abort_requested());
+      },
+      context);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     comms_[device] = comm;

@@ -64,7 +64,7 @@ ncclResult_t query_async(ncclComm_t comm) {
 std::shared_ptr<NcclComm> NcclComm::create(int device, int rank, int size,
                                            const std::vector<uint8_t>& unique_id,
                                            std::chrono::milliseconds timeout,
-                                           const std::atomic<bool>& cancel,
+                                           const std::function<bool()>& cancel,
                                            const ErrorContext& context) {
   const auto deadline = Clock::now() + timeout;
   ncclUniqueId id;
@@ -89,7 +89,7 @@ std::shared_ptr<NcclComm> NcclComm::create(int device, int rank, int size,
       ncclCommAbort(comm);
       throw Error(error_code_for(state), context, fmt::format("{}: {}", what, text));
     }
-    if (cancel.load(std::memory_order_acquire)) {
+    if (cancel()) {
       ncclCommAbort(comm);
       throw Error(
           ErrorCode::Aborted, context,

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,14 +42,14 @@ class NcclComm {
   using Clock = std::chrono::steady_clock;
 
   // Creates the communicator of `size` ranks from a unique id (unique_id_exchange.h) on
-  // `device`, non-blocking, and waits until it is ready, `timeout` passes or `cancel` is raised
+  // `device`, non-blocking, and waits until it is ready, `timeout` passes or `cancel` returns true
   // (the backend's abort()). Throws Error(Timeout) naming what it waited for, Error(Aborted), or
   // the code of NCCL's error (nccl_types.h) with NCCL's message; the communicator is aborted
   // first.
   static std::shared_ptr<NcclComm> create(int device, int rank, int size,
                                           const std::vector<uint8_t>& unique_id,
                                           std::chrono::milliseconds timeout,
-                                          const std::atomic<bool>& cancel,
+                                          const std::function<bool()>& cancel,
                                           const ErrorContext& context);
   // Takes over `comm` (ncclCommSplit's result, already ready) on `device`.
   static std::shared_ptr<NcclComm> adopt(ncclComm_t comm, int device, const ErrorContext& context);

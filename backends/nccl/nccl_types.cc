@@ -64,6 +64,10 @@ std::optional<ncclDataType_t> to_nccl_dtype(DType dtype) {
       return ncclUint32;
     case DType::UInt64:
       return ncclUint64;
+    case DType::Float8E4M3:
+      return ncclFloat8e4m3;
+    case DType::Float8E5M2:
+      return ncclFloat8e5m2;
     default:
       return std::nullopt;
   }
@@ -183,6 +187,12 @@ NcclReduction to_nccl_reduction(ReduceOp op, DType dtype, const ErrorContext& co
       return reduction;
     case ncclBfloat16:
       store_scalar(reduction, float_to_bf16(static_cast<float>(op.factor)));
+      return reduction;
+    case ncclFloat8e4m3:
+      store_scalar(reduction, float_to_e4m3fn(static_cast<float>(op.factor)));
+      return reduction;
+    case ncclFloat8e5m2:
+      store_scalar(reduction, float_to_e5m2(static_cast<float>(op.factor)));
       return reduction;
     default:
       return refuse(ErrorCode::InvalidArgument,

@@ -124,6 +124,11 @@ struct BackendOptions {
   // parent had no such backend yet). The nccl backend passes the communicator that
   // ncclCommSplit made.
   std::shared_ptr<void> from_parent;
+  // True once the group's abort() has begun. The group holds its lock while post() runs, and
+  // reaches Backend::abort() only after taking it; a backend that may block inside post() for long
+  // (the nccl backend creating its communicator at its first collective) polls this to stay
+  // abortable in bounded time. Empty when the backend is made outside a group.
+  std::function<bool()> abort_requested;
   // The device kind this backend serves for the group (a host backend may serve CUDA tensors by
   // staging them: docs/cuda.md).
   DeviceKind device = DeviceKind::Cpu;

@@ -58,9 +58,8 @@ TEST_CASE("every weft dtype maps to the NCCL type of its width and kind", "[nccl
       {DType::Bool, ncclUint8},
       {DType::UInt32, ncclUint32},
       {DType::UInt64, ncclUint64},
-      // The fp8 dtypes (Float8E4M3 = 11, Float8E5M2 = 12) by value: checked once weft has them.
-      {static_cast<DType>(11), ncclFloat8e4m3},
-      {static_cast<DType>(12), ncclFloat8e5m2},
+      {DType::Float8E4M3, ncclFloat8e4m3},
+      {DType::Float8E5M2, ncclFloat8e5m2},
   };
   for (DType dtype : kAllDTypes) {
     INFO(dtype_name(dtype));
@@ -152,6 +151,13 @@ TEST_CASE("premul_sum carries its factor as one element of the dtype", "[nccl]")
   r = to_nccl_reduction(ReduceOp::premul_sum(factor), DType::BFloat16, {});
   std::memcpy(&bits, r.scalar, sizeof(bits));
   CHECK(bits == float_to_bf16(0.25f));
+  // fp8: one byte, 0.25 exactly in both formats.
+  r = to_nccl_reduction(ReduceOp::premul_sum(factor), DType::Float8E4M3, {});
+  CHECK(static_cast<uint8_t>(r.scalar[0]) == float_to_e4m3fn(0.25f));
+  CHECK(e4m3fn_to_float(static_cast<uint8_t>(r.scalar[0])) == 0.25f);
+  r = to_nccl_reduction(ReduceOp::premul_sum(factor), DType::Float8E5M2, {});
+  CHECK(static_cast<uint8_t>(r.scalar[0]) == float_to_e5m2(0.25f));
+  CHECK(e5m2_to_float(static_cast<uint8_t>(r.scalar[0])) == 0.25f);
   for (DType dtype : kAllDTypes) {
     if (!is_integral(dtype)) continue;
     auto [code, what] =
