@@ -54,6 +54,7 @@
 #include "weft/process_group.h"
 #include "weft/symmetric_buffer.h"
 
+#include "benchmarks/nccl_tests_table.h"
 #include "runtime/cuda_runtime.h"
 
 #ifndef WEFT_VERSION
@@ -1218,20 +1219,7 @@ int run(const Options& o, const std::string& url, int here_rank) {
       fmt::print("#\n# Using devices\n");
       for (const auto& line : devices) fmt::print("{}\n", line);
       fmt::print("#\n");
-      fmt::print(
-          "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                 "
-          "      in-place          \n",
-          "", "", "", "", "");
-      fmt::print(
-          "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  "
-          "{:>6}  {:>6}  {:>6} \n",
-          "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-          "algbw", "busbw", "#wrong");
-      fmt::print(
-          "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  "
-          "{:>6}  {:>6}  {:>6} \n",
-          "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-          "(GB/s)", "");
+      bench::print_nccl_tests_columns();
       std::fflush(stdout);
     }
     int bad_lines = 0;

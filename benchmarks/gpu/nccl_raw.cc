@@ -40,6 +40,7 @@
 #include "weft/error.h"
 #include "weft/rendezvous.h"
 
+#include "benchmarks/nccl_tests_table.h"
 #include "runtime/cuda_runtime.h"
 
 namespace weft::nccl_raw {
@@ -408,20 +409,7 @@ int run(int argc, char** argv) {
           "#  Rank {:2d} Group  0 Pid {:6d} on {:>10} device {:2d} [0000:00:00] cuda, nccl\n",
           r.rank, int(getpid()), host, r.device);
       fmt::print("#\n");
-      fmt::print(
-          "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                 "
-          "      in-place          \n",
-          "", "", "", "", "");
-      fmt::print(
-          "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  "
-          "{:>6}  {:>6}  {:>6} \n",
-          "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-          "algbw", "busbw", "#wrong");
-      fmt::print(
-          "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  "
-          "{:>6}  {:>6}  {:>6} \n",
-          "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-          "(GB/s)", "");
+      bench::print_nccl_tests_columns();
     }
     const bool reduces = coll == "all_reduce" || coll == "reduce_scatter" || coll == "reduce";
     const bool rooted = coll == "broadcast" || coll == "reduce";
