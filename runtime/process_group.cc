@@ -88,6 +88,28 @@ uint64_t fork_count() { return forks_seen.load(std::memory_order_relaxed); }
 
 std::vector<std::string> dump_trace(const std::string& reason) { return trace::dump_all(reason); }
 
+namespace {
+
+// The registry entry of the backend serving `kind`, mapped to `mapped` in the group's backend map.
+// CUDA tensors go to nccl by default when its module loads (c10d's default), and to the host
+// backend, staging through pinned memory, when it does not.
+Registry::Entry registry_entry(const ProcessGroup::State& s, DeviceKind kind,
+                               const std::string& mapped) {
+  if (kind == DeviceKind::Cuda && s.backend_text.empty()) {
+    try {
+      return Registry::global().resolve("nccl");
+    } catch (const Error& e) {
+      WEFT_LOG_DEBUG(
+          "rank {}/{} group \"{}\": no nccl backend for cuda tensors ({}); using "
+          "\"{}\" through pinned host buffers",
+          s.rank, s.size, s.name, e.what(), mapped);
+    }
+  }
+  return Registry::global().find(mapped);
+}
+
+}  // namespace
+
 Backend& ProcessGroup::State::backend_for(DeviceKind kind, const ErrorContext& where) {
   auto it = backends.find(kind);
   if (it != backends.end()) return *it->second;
@@ -100,19 +122,7 @@ Backend& ProcessGroup::State::backend_for(DeviceKind kind, const ErrorContext& w
                             device_kind_name(kind), backend_text,
                             fmt::join(Registry::global().names(), ", ")));
   }
-  Registry::Entry entry = Registry::global().find(mapped->second);
-  // CUDA tensors go to nccl by default when its module is installed (c10d's default), and to the
-  // host backend, staging through pinned memory, when it is not.
-  if (kind == DeviceKind::Cuda && backend_text.empty()) {
-    try {
-      entry = Registry::global().resolve("nccl");
-    } catch (const Error& e) {
-      WEFT_LOG_DEBUG(
-          "rank {}/{} group \"{}\": no nccl backend for cuda tensors ({}); using "
-          "\"{}\" through pinned host buffers",
-          rank, size, name, e.what(), entry.name);
-    }
-  }
+  Registry::Entry entry = registry_entry(*this, kind, mapped->second);
   const bool staged = kind == DeviceKind::Cuda &&
                       std::find(entry.devices.begin(), entry.devices.end(), DeviceKind::Cuda) ==
                           entry.devices.end();
@@ -280,7 +290,7 @@ uint64_t ProcessGroup::sequence_number() const {
 
 std::string ProcessGroup::backend_name(DeviceKind kind) const {
   for (const auto& [k, name] : state_->backend_map) {
-    if (k == kind) return name;
+    if (k == kind) return registry_entry(*state_, kind, name).name;
   }
   throw Error(ErrorCode::InvalidArgument, state_->context("backend_name", 0),
               fmt::format("no backend is mapped for {}", device_kind_name(kind)));

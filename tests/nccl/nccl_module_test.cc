@@ -158,6 +158,18 @@ TEST_CASE(
   CHECK(data[0] == 1.0f);
 }
 
+TEST_CASE("with no backend named, cuda tensors go to nccl when its module loads", "[nccl]") {
+  nccl_entry();  // WEFT_PLUGIN_PATH names the build's module
+  ProcessGroupOptions options;
+  options.store = std::make_shared<HashStore>();
+  options.rank = 0;
+  options.world_size = 1;
+  options.timeout = std::chrono::seconds(10);
+  auto pg = init_process_group(options);
+  CHECK(pg->backend_name(DeviceKind::Cpu) == "tcp");
+  CHECK(pg->backend_name(DeviceKind::Cuda) == "nccl");
+}
+
 TEST_CASE("what NCCL cannot do is refused before any device is touched", "[nccl]") {
   std::unique_ptr<Backend> backend = nccl_entry().factory(options_of_one());
   std::vector<int32_t> ints(4, 3);
