@@ -304,8 +304,8 @@ struct HeldStream {
     cuda(cudaLaunchHostFunc(
              stream,
              [](void* flag) {
-               auto* released = static_cast<std::atomic<bool>*>(flag);
-               while (!released->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+               // Blocks (futex) until release(): same process, so atomic wait wakes.
+               static_cast<std::atomic<bool>*>(flag)->wait(false);
              },
              &released),
          "cudaLaunchHostFunc");
@@ -315,7 +315,10 @@ struct HeldStream {
     cudaStreamSynchronize(stream);
     cudaStreamDestroy(stream);
   }
-  void release() { released = true; }
+  void release() {
+    released = true;
+    released.notify_all();
+  }
   std::atomic<bool> released{false};
   cudaStream_t stream;
 };
