@@ -124,6 +124,10 @@ void Inflight::wait(Request request, std::string_view phase, int step, int steps
   }
 }
 
+void Inflight::progress() {
+  if (!posted_.empty()) ctx_.transport.test(Request{posted_.back()});
+}
+
 void Inflight::wait_all(std::string_view phase, int step, int steps) {
   while (!posted_.empty()) wait(Request{posted_.front()}, phase, step, steps);
 }

@@ -134,6 +134,10 @@ class Inflight {
   void wait(Request request, std::string_view phase, int step, int steps);
   // Waits for every request still posted, in posting order.
   void wait_all(std::string_view phase, int step, int steps);
+  // Lets the transport move what is posted, without blocking: for local work (a copy) that runs
+  // while transfers are in flight and would otherwise stall a transport that moves bytes only
+  // while this rank progresses it (shared-memory rings, UCX's copy-through-FIFO rendezvous).
+  void progress();
 
  private:
   void forget(Request request);

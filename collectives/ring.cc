@@ -18,6 +18,11 @@ namespace {
 // runs ahead into the all-gather never matches a message of the other phase.
 constexpr uint32_t kAllGatherStep = phase_step(1);
 
+// A local copy that overlaps transfers goes in pieces of this size, the transport progressed
+// between them: small enough that a peer's stream does not stall, large enough that the copy
+// runs at memcpy's speed.
+constexpr size_t kOverlappedCopyBytes = 256 * 1024;
+
 int mod(int a, int p) { return ((a % p) + p) % p; }
 
 // One ring phase over `work`, whose chunks are laid out by offsets (P+1 prefix sums, elements).
@@ -319,8 +324,16 @@ void ring_all_gather(const Context& ctx, const void* input, void* output,
   std::vector<const std::byte*> initial(size, nullptr);
   initial[rank] = static_cast<const std::byte*>(input);
   ring.initial(std::move(initial));
-  ring.run(rank, /*reduce=*/false, ReduceOp::Sum, kAllGatherStep, "",
-           [&] { detail::copy_unless_same(my_block, input, mine); });
+  // The copy goes in pieces with the transport progressed between them: one long memcpy would
+  // hold up the transfers that need this rank's CPU meanwhile (a peer's ring or FIFO fills).
+  ring.run(rank, /*reduce=*/false, ReduceOp::Sum, kAllGatherStep, "", [&] {
+    if (input == my_block) return;
+    const auto* from = static_cast<const std::byte*>(input);
+    for (size_t at = 0; at < mine; at += kOverlappedCopyBytes) {
+      if (at > 0) inflight.progress();
+      std::memcpy(my_block + at, from + at, std::min(kOverlappedCopyBytes, mine - at));
+    }
+  });
 }
 
 void ring_all_gather(const Context& ctx, const void* input, void* output, size_t count, DType dtype,
