@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "weft/error.h"
 
@@ -54,7 +53,7 @@ void SymmetricRegion::release() {
                   fmt::format("rank {}/{} group \"{}\" symmetric buffer #{} release", rank_, ranks_,
                               group_, id_),
                   fmt::format("still in use by {} (wait for their Work before releasing it)",
-                              fmt::join(users_, ", ")));
+                              users_text()));
     }
     mapping = std::move(mapping_);
   }
@@ -65,14 +64,33 @@ std::shared_ptr<SymmetricRegion::Use> SymmetricRegion::use(
     const std::shared_ptr<SymmetricRegion>& self, std::string what) {
   std::lock_guard<std::mutex> lock(self->mutex_);
   if (!self->mapping_) return nullptr;
-  self->users_.push_back(what);
-  return std::make_shared<Use>(self, std::move(what));
+  self->users_.push_back(std::move(what));
+  return std::make_shared<Use>(self, std::prev(self->users_.end()));
 }
 
 SymmetricRegion::Use::~Use() {
   std::lock_guard<std::mutex> lock(region_->mutex_);
-  auto& users = region_->users_;
-  users.erase(std::find(users.begin(), users.end(), what_));
+  region_->users_.erase(entry_);
+}
+
+std::string SymmetricRegion::users_text() const {
+  constexpr size_t kNamed = 8;  // a queue of thousands would make the message unreadable
+  // A collective holds one Use per tensor, taken one after the other: name it once.
+  std::string text;
+  size_t named = 0, more = 0;
+  const std::string* last = nullptr;
+  for (const std::string& user : users_) {
+    if (last != nullptr && user == *last) continue;
+    last = &user;
+    if (named == kNamed) {
+      ++more;
+      continue;
+    }
+    text += named++ == 0 ? "" : ", ";
+    text += user;
+  }
+  if (more > 0) text += fmt::format(" and {} more", more);
+  return text;
 }
 
 SymmetricMemory::Found SymmetricMemory::find(const void* p, size_t bytes) {

@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -107,8 +108,8 @@ class SymmetricRegion final : public SymmetricBuffer {
   // Holds the region mapped for one collective: release() refuses while any Use lives.
   class Use {
    public:
-    Use(std::shared_ptr<SymmetricRegion> region, std::string what)
-        : region_(std::move(region)), what_(std::move(what)) {}
+    Use(std::shared_ptr<SymmetricRegion> region, std::list<std::string>::iterator entry)
+        : region_(std::move(region)), entry_(entry) {}
     ~Use();
     Use(const Use&) = delete;
     Use& operator=(const Use&) = delete;
@@ -116,12 +117,15 @@ class SymmetricRegion final : public SymmetricBuffer {
 
    private:
     std::shared_ptr<SymmetricRegion> region_;
-    std::string what_;
+    std::list<std::string>::iterator entry_;  // in region_->users_
   };
   // A Use of `self`, or null when it was released. The caller names the collective in `what`.
   static std::shared_ptr<Use> use(const std::shared_ptr<SymmetricRegion>& self, std::string what);
 
  private:
+  // The users for an error message: the oldest few, then how many more. REQUIRES: mutex_ held.
+  std::string users_text() const;
+
   const std::string group_;
   const uint64_t id_;
   const int rank_;
@@ -131,8 +135,10 @@ class SymmetricRegion final : public SymmetricBuffer {
   std::byte* const base_;
   uint64_t epoch_ = 0;
   mutable std::mutex mutex_;
-  std::shared_ptr<void> mapping_;   // guarded by mutex_; null once released
-  std::vector<std::string> users_;  // guarded by mutex_: the collectives holding a Use
+  std::shared_ptr<void> mapping_;  // guarded by mutex_; null once released
+  // Guarded by mutex_: the collectives holding a Use, oldest first. A list: thousands of queued
+  // collectives may hold one each, and each Use removes its own entry in O(1) when it ends.
+  std::list<std::string> users_;
 };
 
 class SymmetricMemory {
