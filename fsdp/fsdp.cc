@@ -8,6 +8,7 @@
 #include "fsdp/fsdp.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -134,6 +135,22 @@ Group& require_group(const kit::Module& module, const char* what) {
 
 bool communication_enabled = true;  // set_communication_enabled_for_benchmark()
 
+// Waits for an FSDP collective on the training thread, adding the time it blocked to the
+// exposed communication (FsdpStats::exposed_comm_ns). A Work already complete did not block:
+// nothing is counted (and its wait() still reports its error).
+void wait_counted(Context& ctx, Work& work) {
+  if (work.is_completed()) {
+    work.wait();
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  work.wait();
+  ctx.stats.exposed_comm_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  ++ctx.stats.blocking_waits;
+}
+
 // ---- Unsharding and resharding.
 
 void issue_gather(Group& g) {
@@ -166,7 +183,7 @@ void issue_gather(Group& g) {
 void unshard(Group& g) {
   if (g.state == Group::State::Unsharded) return;
   issue_gather(g);
-  g.gather_work->wait();
+  wait_counted(*g.ctx, *g.gather_work);
   g.gather_work.reset();
   const size_t width = kit::dtype_size(g.param_dtype());
   for (size_t i = 0; i < g.params.size(); ++i) {
@@ -187,7 +204,7 @@ void unshard(Group& g) {
 
 void reshard(Group& g) {
   if (g.state == Group::State::Gathering) {  // a prefetch nobody used: finish it, then drop it
-    g.gather_work->wait();
+    wait_counted(*g.ctx, *g.gather_work);
     g.gather_work.reset();
     g.gathered = kit::Tensor();
     g.state = Group::State::Sharded;
@@ -233,12 +250,12 @@ void reduce_gradients(Group& g) {
 
 void finish_reductions(Context& ctx) {
   for (PendingReduce& r : ctx.pending) {
-    r.work->wait();
+    wait_counted(ctx, *r.work);
     Group& g = *r.group;
     if (g.replicate_pg && communication_enabled) {
       ReduceOp op =
           g.options.gradient_divide_factor ? ReduceOp(ReduceOp::Sum) : ReduceOp(ReduceOp::Avg);
-      g.replicate_pg->all_reduce(wire(r.output, 0, g.packed), op)->wait();
+      wait_counted(ctx, *g.replicate_pg->all_reduce(wire(r.output, 0, g.packed), op));
     }
     for (size_t i = 0; i < g.params.size(); ++i) {
       ShardedParam& p = g.params[i];

@@ -110,18 +110,29 @@ void set_modules_to_backward_prefetch(kit::Module& module, std::vector<kit::Modu
 // Zeroes every sharded gradient under `root` (after the optimizer step).
 void zero_sharded_grads(kit::Module& root);
 
-// Counters for tests and benchmarks, per root: collectives issued and the largest number of
-// bytes of unsharded parameters alive at once.
+// Counters for tests and benchmarks, per root, from fully_shard() on (they only grow: read them
+// before and after a step and subtract to get the step's).
 struct FsdpStats {
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
   int64_t peak_unsharded_param_bytes = 0;
+  // Exposed communication: nanoseconds (steady clock) that the thread driving the model spent
+  // blocked in wait() on an FSDP collective (all-gathers waited for before a group's forward or
+  // backward, or to drop a prefetch nobody used; the reduce-scatters and HSDP all_reduces the
+  // root's post-backward waits for). What prefetch and the backward overlap did not hide: a
+  // collective already complete when waited for costs nothing and counts nothing, so with
+  // communication off (set_communication_enabled_for_benchmark) it stays 0. It includes the time
+  // waiting for a late peer (a rank that is slower to get to the collective). Not counted: the
+  // state.h functions' collectives, and whatever the program itself waits for (a loss all_reduce).
+  int64_t exposed_comm_ns = 0;
+  int64_t blocking_waits = 0;  // the waits that did block, of which exposed_comm_ns is the sum
 };
 FsdpStats stats(kit::Module& root);
 
 // For benchmarks only: with communication off, every all-gather and reduce-scatter is replaced by
 // a local copy of this rank's own data (so results are WRONG), which times the step's compute
-// and copies alone; the difference from a normal step is the communication left exposed.
+// and copies alone. (The difference from a normal step is a noisy estimate of the exposed
+// communication; FsdpStats::exposed_comm_ns measures it directly.)
 void set_communication_enabled_for_benchmark(bool enabled);
 
 }  // namespace weft::fsdp

@@ -5,8 +5,11 @@
 //
 // Flags and numerics follow docs/fsdp-training-contract.md, so that a PyTorch run with the same
 // flags and --init weights prints the same losses. Rank 0 prints one JSON line per step:
-//   {"step": 0, "loss": 4.1743..., "tokens_per_s": 5120.0, "peak_bytes": {"params": ..., ...}}
-// (peak bytes per kind on rank 0, since the previous line). The global batch is split over the
+//   {"step": 0, "loss": 4.1743..., "tokens_per_s": 5120.0, "exposed_comm_ms": 1.25,
+//    "blocking_waits": 3, "peak_bytes": {"params": ..., ...}}
+// (rank 0's: the time its training thread was blocked waiting for FSDP's collectives this step,
+// FsdpStats::exposed_comm_ns, and how many waits blocked; peak bytes per kind since the previous
+// line). The global batch is split over the
 // data-parallel ranks and then into --micro-batches, so the loss does not depend on either.
 #include <unistd.h>
 
@@ -415,6 +418,7 @@ int run(const Options& o) {
   const train::SequenceRange mine = train::rank_sequences(o.batch_size, rank, size);
   for (int64_t step = first_step; step < first_step + o.steps; ++step) {
     kit::MemoryTracker::global().reset_peaks();
+    const fsdp::FsdpStats before = fsdp::stats(model);
     const auto start = std::chrono::steady_clock::now();
     train::Batch batch = data.sequences(step, o.batch_size, o.model.block_size, mine);
     float loss = 0;
@@ -446,10 +450,15 @@ int run(const Options& o) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (rank == 0) {
       const double tokens = double(o.batch_size * o.model.block_size);
-      std::printf("%s\n", fmt::format("{{\"step\": {}, \"loss\": {}, \"tokens_per_s\": {:.1f}, "
-                                      "\"peak_bytes\": {}}}",
-                                      step, double(loss), tokens / seconds, peak_bytes_json())
-                              .c_str());
+      const fsdp::FsdpStats after = fsdp::stats(model);
+      std::printf(
+          "%s\n",
+          fmt::format("{{\"step\": {}, \"loss\": {}, \"tokens_per_s\": {:.1f}, "
+                      "\"exposed_comm_ms\": {:.3f}, \"blocking_waits\": {}, \"peak_bytes\": {}}}",
+                      step, double(loss), tokens / seconds,
+                      double(after.exposed_comm_ns - before.exposed_comm_ns) / 1e6,
+                      after.blocking_waits - before.blocking_waits, peak_bytes_json())
+              .c_str());
       std::fflush(stdout);
     }
   }

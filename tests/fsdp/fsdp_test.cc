@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -15,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -667,6 +669,59 @@ TEST_CASE("fsdp: the sharded state dict holds this rank's rows and loads them ba
       RANK_CHECK(e.code() == ErrorCode::InvalidArgument, "{}", e.what());
     }
     RANK_CHECK(fsdp::sharded_state_dict(third) == state, "a refused load changed the model");
+  });
+}
+
+TEST_CASE("fsdp: exposed communication counts the waits a late rank causes, none without comm",
+          "[fsdp]") {
+  const std::vector<int64_t> dims = {6, 5, 3};
+  std::vector<float> x(4 * 6);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 5 % 13) - 6) / 8.0f;
+  const std::vector<int32_t> y = {0, 2, 1, 2};
+  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& world) {
+    const int rank = world->rank();
+    DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {2}, {"dp"}, world);
+    kit::MlpModel model(dims);
+    kit::init_mlp(model, 5);
+    fsdp::fully_shard(model.linear(0), mesh);
+    fsdp::fully_shard(model, mesh);
+    auto step = [&] {
+      model.forward_loss(kit::Tensor::from({4, 6}, x, kit::MemKind::Activations), y);
+      model.backward_loss();
+    };
+    // Communication off: every Work is complete when waited for, so nothing blocks (exactly).
+    fsdp::set_communication_enabled_for_benchmark(false);
+    try {
+      for (int i = 0; i < 3; ++i) step();
+    } catch (...) {
+      fsdp::set_communication_enabled_for_benchmark(true);
+      throw;
+    }
+    fsdp::set_communication_enabled_for_benchmark(true);
+    const fsdp::FsdpStats off = fsdp::stats(model);
+    RANK_CHECK(off.all_gathers > 0 && off.exposed_comm_ns == 0 && off.blocking_waits == 0,
+               "communication off: {} gathers, exposed {} ns in {} blocking waits", off.all_gathers,
+               off.exposed_comm_ns, off.blocking_waits);
+
+    // Rank 1 is late by 300 ms (the fault measured, not a synchronisation): rank 0's first
+    // gather cannot complete before rank 1 posts its own, so rank 0 blocks in it. (Unless rank 0
+    // itself stalled 300 ms between posting and waiting: then nothing blocked, and the check
+    // would fail spuriously.) The time counted lies within the step's.
+    world->barrier()->wait();
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto start = std::chrono::steady_clock::now();
+    step();
+    const int64_t step_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now() - start)
+                                .count();
+    const fsdp::FsdpStats late = fsdp::stats(model);
+    const int64_t exposed = late.exposed_comm_ns - off.exposed_comm_ns;
+    RANK_CHECK(exposed <= step_ns, "exposed {} ns in a step of {} ns", exposed, step_ns);
+    if (rank == 0) {
+      RANK_CHECK(exposed > 0 && late.blocking_waits > off.blocking_waits,
+                 "rank 0 waited for late rank 1 but counted {} ns in {} blocking waits", exposed,
+                 late.blocking_waits - off.blocking_waits);
+    }
   });
 }
 
