@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """FSDP benchmark: weft-train on 1, 2 and 4 local ranks, with and without prefetch, fp32 and bf16
-gathers. Prints a Markdown table.
+gathers, each with symmetric buffers (the default) and with ordinary ones (--no-symmetric).
+Prints a Markdown table.
 
   benchmarks/fsdp_bench.py --build build [--ranks 1,2,4] [--steps 8] [--no-comm-difference]
                            [-- extra weft-train flags]
@@ -61,7 +62,7 @@ def main():
     a = ap.parse_args()
     configs = [("fp32, prefetch", []), ("bf16 gathers, prefetch", ["--mp", "bf16"]),
                ("fp32, no prefetch", ["--no-prefetch"])]
-    buffers = [("", [])]  # one kind of buffer for now
+    buffers = [("symmetric", []), ("ordinary", ["--no-symmetric"])]
     kib = lambda b: f"{b / 1024:.0f}"
     diff_head, diff_rule = ("step - no-comm step (ms, noisy) | ", "---: | ") \
         if a.no_comm_difference else ("", "")

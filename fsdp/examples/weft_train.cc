@@ -59,7 +59,8 @@ struct Options {
   bool bf16_outputs = false;  // --mp bf16-outputs: that, and every group's output in bfloat16
   bool offload = false;
   bool prefetch = true;
-  bool no_comm = false;  // benchmark only: wrong results
+  bool symmetric = true;  // --no-symmetric: FullyShardOptions::symmetric_buffers off
+  bool no_comm = false;   // benchmark only: wrong results
   std::string save, load, export_path;
 };
 
@@ -71,7 +72,7 @@ struct Options {
                "  [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X] [--momentum X]\n"
                "  [--seed N] [--init FILE.safetensors] [--data FILE] [--synthetic-tokens N]\n"
                "  [--data-seed N] [--micro-batches M] [--mesh RxS] [--mp bf16|bf16-outputs]\n"
-               "  [--offload] [--no-prefetch] [--save DIR] [--load DIR]\n"
+               "  [--offload] [--no-prefetch] [--no-symmetric] [--save DIR] [--load DIR]\n"
                "  [--export FILE.safetensors] [--no-comm-benchmark]\n"
                "(launch under weftrun, torchrun, srun or mpirun; docs/fsdp.md)\n",
                why.c_str());
@@ -209,6 +210,8 @@ Options parse(int argc, char** argv) {
       o.offload = true;
     else if (flag == "--no-prefetch")
       o.prefetch = false;
+    else if (flag == "--no-symmetric")
+      o.symmetric = false;
     else if (flag == "--no-comm-benchmark")
       o.no_comm = true;
     else if (flag == "--save")
@@ -366,6 +369,7 @@ int run(const Options& o) {
     if (o.bf16_outputs) shard.mp_policy.output_dtype = kit::DType::BFloat16;
   }
   shard.offload_policy.offload = o.offload;
+  shard.symmetric_buffers = o.symmetric;
   // A group per block and one each for the embeddings, the final norm and the head (the root
   // keeps none): at most the two largest groups are ever gathered at once.
   std::vector<kit::Module*> groups = {&model.transformer.wte, &model.transformer.wpe};
