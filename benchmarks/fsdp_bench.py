@@ -10,7 +10,8 @@ Per configuration, over the steps after the first two (warm-up), from rank 0's J
 - step: the median step time (ms), with min..max over the timed steps, and tokens/s at the median;
 - exposed comm: the median over the timed steps of the time rank 0's training thread was blocked
   waiting for FSDP's collectives in the step (weft-train's "exposed_comm_ms",
-  FsdpStats::exposed_comm_ns), with min..max, so the noise shows beside it;
+  FsdpStats::exposed_comm_ns), with min..max, so the noise shows beside it, and the same for its
+  all-gather part (the rest is the reduce-scatters the end of backward waits for);
 - rank 0's peak bytes per kind in the last step.
 "hidden by prefetch" compares the medians: 1 - exposed(prefetch) / exposed(no prefetch).
 
@@ -41,7 +42,9 @@ def run(build, ranks, steps, flags):
     timed = rows[2:] or rows
     step_ms = [TOKENS / r["tokens_per_s"] * 1000 for r in timed]
     exposed = [r["exposed_comm_ms"] for r in timed]
-    return {"step_ms": step_ms, "exposed_ms": exposed, "peak": rows[-1]["peak_bytes"],
+    gathers = [r["exposed_all_gather_ms"] for r in timed]
+    return {"step_ms": step_ms, "exposed_ms": exposed, "gather_ms": gathers,
+            "peak": rows[-1]["peak_bytes"],
             "cmd": " ".join(cmd)}
 
 
@@ -67,9 +70,9 @@ def main():
     diff_head, diff_rule = ("step - no-comm step (ms, noisy) | ", "---: | ") \
         if a.no_comm_difference else ("", "")
     print(f"| ranks | configuration | buffers | step (ms): median (min..max) | tokens/s | "
-          f"exposed comm (ms): median (min..max) | {diff_head}params | grads | optimizer | "
+          f"exposed comm (ms): median (min..max) | of which all-gathers | {diff_head}params | grads | optimizer | "
           f"activations | comm | total (KiB, rank 0 peak) |")
-    print(f"| ---: | --- | --- | ---: | ---: | ---: | {diff_rule}---: | ---: | ---: | ---: | ---: "
+    print(f"| ---: | --- | --- | ---: | ---: | ---: | ---: | {diff_rule}---: | ---: | ---: | ---: | ---: "
           f"| ---: |")
     for ranks in [int(r) for r in a.ranks.split(",")]:
         exposed = {}
@@ -85,7 +88,7 @@ def main():
                     diff = f"{step - statistics.median(alone['step_ms']):.1f} | "
                 p = r["peak"]
                 print(f"| {ranks} | {name} | {kind} | {spread(r['step_ms'])} | "
-                      f"{TOKENS / step * 1000:.0f} | {spread(r['exposed_ms'])} | {diff}"
+                      f"{TOKENS / step * 1000:.0f} | {spread(r['exposed_ms'])} | {spread(r['gather_ms'])} | {diff}"
                       f"{kib(p['params'])} | {kib(p['grads'])} | {kib(p['optimizer'])} | "
                       f"{kib(p['activations'])} | {kib(p['comm'])} | {kib(p['total'])} |",
                       flush=True)
@@ -94,7 +97,7 @@ def main():
                 on, off = exposed[("fp32, prefetch", kind)], exposed[("fp32, no prefetch", kind)]
                 ratio = f"{1 - on / off:.0%}" if off > 0 else "n/a (nothing exposed)"
                 print(f"| {ranks} | hidden by prefetch ({kind}, medians): 1 - {on:.1f} / {off:.1f} "
-                      f"= {ratio} | | | | | | | | | | |", flush=True)
+                      f"= {ratio} | | | | | | | | | | | |", flush=True)
 
 
 if __name__ == "__main__":

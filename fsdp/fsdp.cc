@@ -146,16 +146,18 @@ bool communication_enabled = true;  // set_communication_enabled_for_benchmark()
 // Waits for an FSDP collective on the training thread, adding the time it blocked to the
 // exposed communication (FsdpStats::exposed_comm_ns). A Work already complete did not block:
 // nothing is counted (and its wait() still reports its error).
-void wait_counted(Context& ctx, Work& work) {
+void wait_counted(Context& ctx, Work& work, bool gather) {
   if (work.is_completed()) {
     work.wait();
     return;
   }
   const auto start = std::chrono::steady_clock::now();
   work.wait();
-  ctx.stats.exposed_comm_ns +=
+  const int64_t ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();
+  ctx.stats.exposed_comm_ns += ns;
+  if (gather) ctx.stats.exposed_all_gather_ns += ns;
   ++ctx.stats.blocking_waits;
 }
 
@@ -233,7 +235,7 @@ void issue_gather(Group& g) {
 void unshard(Group& g) {
   if (g.state == Group::State::Unsharded) return;
   issue_gather(g);
-  wait_counted(*g.ctx, *g.gather_work);
+  wait_counted(*g.ctx, *g.gather_work, /*gather=*/true);
   g.gather_work.reset();
   const size_t width = kit::dtype_size(g.param_dtype());
   for (size_t i = 0; i < g.params.size(); ++i) {
@@ -254,7 +256,7 @@ void unshard(Group& g) {
 
 void reshard(Group& g) {
   if (g.state == Group::State::Gathering) {  // a prefetch nobody used: finish it, then drop it
-    wait_counted(*g.ctx, *g.gather_work);
+    wait_counted(*g.ctx, *g.gather_work, /*gather=*/true);
     g.gather_work.reset();
     g.gathered = kit::Tensor();
     g.state = Group::State::Sharded;
@@ -314,12 +316,13 @@ void reduce_gradients(Group& g) {
 
 void finish_reductions(Context& ctx) {
   for (PendingReduce& r : ctx.pending) {
-    wait_counted(ctx, *r.work);
+    wait_counted(ctx, *r.work, /*gather=*/false);
     Group& g = *r.group;
     if (g.replicate_pg && communication_enabled) {
       ReduceOp op =
           g.options.gradient_divide_factor ? ReduceOp(ReduceOp::Sum) : ReduceOp(ReduceOp::Avg);
-      wait_counted(ctx, *g.replicate_pg->all_reduce(wire(r.output, 0, g.packed), op));
+      wait_counted(ctx, *g.replicate_pg->all_reduce(wire(r.output, 0, g.packed), op),
+                   /*gather=*/false);
     }
     for (size_t i = 0; i < g.params.size(); ++i) {
       ShardedParam& p = g.params[i];

@@ -141,6 +141,9 @@ struct FsdpStats {
   // state.h functions' collectives, and whatever the program itself waits for (a loss all_reduce).
   int64_t exposed_comm_ns = 0;
   int64_t blocking_waits = 0;  // the waits that did block, of which exposed_comm_ns is the sum
+  // The all-gathers' part of exposed_comm_ns (the rest: reduce-scatters and HSDP all_reduces,
+  // where a peer that is behind in backward shows up).
+  int64_t exposed_all_gather_ns = 0;
   // Collectives issued with their tensors in symmetric buffers (the backend runs them zero-copy;
   // the flight recorder's algorithm says "symmetric"), and those buffers' bytes on this rank.
   int64_t symmetric_all_gathers = 0;

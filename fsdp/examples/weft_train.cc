@@ -6,10 +6,10 @@
 // Flags and numerics follow docs/fsdp-training-contract.md, so that a PyTorch run with the same
 // flags and --init weights prints the same losses. Rank 0 prints one JSON line per step:
 //   {"step": 0, "loss": 4.1743..., "tokens_per_s": 5120.0, "exposed_comm_ms": 1.25,
-//    "blocking_waits": 3, "peak_bytes": {"params": ..., ...}}
+//    "exposed_all_gather_ms": 0.5, "blocking_waits": 3, "peak_bytes": {"params": ..., ...}}
 // (rank 0's: the time its training thread was blocked waiting for FSDP's collectives this step,
-// FsdpStats::exposed_comm_ns, and how many waits blocked; peak bytes per kind since the previous
-// line). The global batch is split over the
+// FsdpStats::exposed_comm_ns, the all-gathers' part of it, and how many waits blocked; peak
+// bytes per kind since the previous line). The global batch is split over the
 // data-parallel ranks and then into --micro-batches, so the loss does not depend on either.
 #include <unistd.h>
 
@@ -458,9 +458,11 @@ int run(const Options& o) {
       std::printf(
           "%s\n",
           fmt::format("{{\"step\": {}, \"loss\": {}, \"tokens_per_s\": {:.1f}, "
-                      "\"exposed_comm_ms\": {:.3f}, \"blocking_waits\": {}, \"peak_bytes\": {}}}",
+                      "\"exposed_comm_ms\": {:.3f}, \"exposed_all_gather_ms\": {:.3f}, "
+                      "\"blocking_waits\": {}, \"peak_bytes\": {}}}",
                       step, double(loss), tokens / seconds,
                       double(after.exposed_comm_ns - before.exposed_comm_ns) / 1e6,
+                      double(after.exposed_all_gather_ns - before.exposed_all_gather_ns) / 1e6,
                       after.blocking_waits - before.blocking_waits, peak_bytes_json())
               .c_str());
       std::fflush(stdout);
