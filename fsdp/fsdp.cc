@@ -8,13 +8,17 @@
 #include "fsdp/fsdp.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "weft/config.h"
 #include "weft/error.h"
+#include "weft/symmetric_buffer.h"
 
 namespace weft::fsdp {
 
@@ -67,6 +71,11 @@ struct Group {
 
   enum class State { Sharded, Gathering, Unsharded } state = State::Sharded;
   kit::Tensor gathered;  // [size * packed], param dtype, while Gathering
+  // Symmetric buffers (fsdp.h), made by fully_shard and kept; null: ordinary buffers per step.
+  std::shared_ptr<SymmetricBuffer> gather_buffer;  // [size * packed], param dtype: `gathered`
+  // [(size + 1) * packed], reduce dtype: the reduce-scatter's input, then this rank's output.
+  std::shared_ptr<SymmetricBuffer> reduce_buffer;
+  bool reduce_buffer_busy = false;  // a reduce-scatter on it that the root has not finished
   std::shared_ptr<Work> gather_work;
   std::vector<Group*> forward_prefetch, backward_prefetch;
   bool explicit_forward = false, explicit_backward = false;
@@ -134,11 +143,70 @@ Group& require_group(const kit::Module& module, const char* what) {
 
 bool communication_enabled = true;  // set_communication_enabled_for_benchmark()
 
+// Waits for an FSDP collective on the training thread, adding the time it blocked to the
+// exposed communication (FsdpStats::exposed_comm_ns). A Work already complete did not block:
+// nothing is counted (and its wait() still reports its error).
+void wait_counted(Context& ctx, Work& work, bool gather) {
+  if (work.is_completed()) {
+    work.wait();
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  work.wait();
+  const int64_t ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  ctx.stats.exposed_comm_ns += ns;
+  if (gather) ctx.stats.exposed_all_gather_ns += ns;
+  ++ctx.stats.blocking_waits;
+}
+
+// Shard groups that refused symmetric memory (Unsupported): asked once, not once per FSDP group.
+std::vector<std::weak_ptr<ProcessGroup>>& refused_symmetric() {
+  static std::vector<std::weak_ptr<ProcessGroup>> groups;
+  return groups;
+}
+
+// Makes g's symmetric buffers, or leaves them null when its shard group cannot share memory.
+// Collective over the shard group: every rank makes the same fully_shard calls in the same order,
+// with the same sizes (every rank's packed shard has the same length).
+void allocate_symmetric_buffers(Group& g) {
+  std::vector<std::weak_ptr<ProcessGroup>>& refused = refused_symmetric();
+  std::erase_if(refused, [](const std::weak_ptr<ProcessGroup>& w) { return w.expired(); });
+  for (const std::weak_ptr<ProcessGroup>& w : refused) {
+    if (w.lock() == g.shard_pg) return;
+  }
+  const size_t gather_bytes = g.size * g.packed * kit::dtype_size(g.param_dtype());
+  const size_t reduce_bytes = (g.size + 1) * g.packed * kit::dtype_size(g.reduce_dtype());
+  try {
+    g.gather_buffer = g.shard_pg->allocate_symmetric(gather_bytes);
+    g.reduce_buffer = g.shard_pg->allocate_symmetric(reduce_bytes);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::Unsupported) throw;
+    // Every rank of the group is refused alike (the group cannot share memory between all its
+    // ranks): today's buffers instead, silently but for one debug line.
+    g.gather_buffer.reset();
+    g.reduce_buffer.reset();
+    refused.push_back(g.shard_pg);
+    if (config().log_level >= LogLevel::Debug) {
+      std::fprintf(stderr,
+                   "weft-fsdp: rank %d group \"%s\": no symmetric buffers, gathering and "
+                   "reduce-scattering in ordinary memory (%s)\n",
+                   g.rank, g.shard_pg->name().c_str(), e.what());
+    }
+  }
+}
+
 // ---- Unsharding and resharding.
 
 void issue_gather(Group& g) {
   if (g.state != Group::State::Sharded) return;
-  g.gathered = kit::Tensor::empty({g.size * g.packed}, g.param_dtype(), MemKind::Comm);
+  // The symmetric buffer is free: its last gather was waited for (unshard, reshard), and every
+  // peer had finished reading this rank's block by then (the collective's last barrier).
+  g.gathered = g.gather_buffer
+                   ? kit::Tensor::borrow(g.gather_buffer->data(), {g.size * g.packed},
+                                         g.param_dtype(), MemKind::Comm, g.gather_buffer)
+                   : kit::Tensor::empty({g.size * g.packed}, g.param_dtype(), MemKind::Comm);
   for (size_t i = 0; i < g.params.size(); ++i) {
     const ShardedParam& p = g.params[i];
     store_f32(g.gathered, g.rank * g.packed + g.offsets[i], p.shard.f32(), p.shard.numel());
@@ -157,6 +225,7 @@ void issue_gather(Group& g) {
   g.state = Group::State::Gathering;
   Context& ctx = *g.ctx;
   ++ctx.stats.all_gathers;
+  if (g.gather_buffer && communication_enabled) ++ctx.stats.symmetric_all_gathers;
   // Counted from the gather on: the gathered buffer holds the whole group already.
   ctx.unsharded_bytes += g.unsharded_bytes();
   ctx.stats.peak_unsharded_param_bytes =
@@ -166,7 +235,7 @@ void issue_gather(Group& g) {
 void unshard(Group& g) {
   if (g.state == Group::State::Unsharded) return;
   issue_gather(g);
-  g.gather_work->wait();
+  wait_counted(*g.ctx, *g.gather_work, /*gather=*/true);
   g.gather_work.reset();
   const size_t width = kit::dtype_size(g.param_dtype());
   for (size_t i = 0; i < g.params.size(); ++i) {
@@ -187,7 +256,7 @@ void unshard(Group& g) {
 
 void reshard(Group& g) {
   if (g.state == Group::State::Gathering) {  // a prefetch nobody used: finish it, then drop it
-    g.gather_work->wait();
+    wait_counted(*g.ctx, *g.gather_work, /*gather=*/true);
     g.gather_work.reset();
     g.gathered = kit::Tensor();
     g.state = Group::State::Sharded;
@@ -204,7 +273,20 @@ void reshard(Group& g) {
 
 void reduce_gradients(Group& g) {
   const int64_t total = g.size * g.packed;
-  kit::Tensor input = kit::Tensor::zeros({total}, g.reduce_dtype(), MemKind::Comm);
+  // The symmetric buffer, unless a reduce-scatter on it is still pending (a group whose backward
+  // ran twice in one step; every rank alike): then ordinary buffers for this one.
+  const bool symmetric = g.reduce_buffer && !g.reduce_buffer_busy;
+  kit::Tensor input, output;
+  if (symmetric) {
+    auto* base = static_cast<char*>(g.reduce_buffer->data());
+    input = kit::Tensor::borrow(base, {total}, g.reduce_dtype(), MemKind::Comm, g.reduce_buffer);
+    std::memset(input.data(), 0, input.nbytes());  // padding rows and unused parameters
+    output = kit::Tensor::borrow(base + input.nbytes(), {g.packed}, g.reduce_dtype(), MemKind::Comm,
+                                 g.reduce_buffer);
+    g.reduce_buffer_busy = true;
+  } else {
+    input = kit::Tensor::zeros({total}, g.reduce_dtype(), MemKind::Comm);
+  }
   for (size_t i = 0; i < g.params.size(); ++i) {
     ShardedParam& p = g.params[i];
     if (!p.param->grad.defined()) continue;  // unused this step: zeros
@@ -215,7 +297,7 @@ void reduce_gradients(Group& g) {
     }
     p.param->grad = kit::Tensor();  // the unsharded gradient is no longer needed
   }
-  kit::Tensor output = kit::Tensor::empty({g.packed}, g.reduce_dtype(), MemKind::Comm);
+  if (!symmetric) output = kit::Tensor::empty({g.packed}, g.reduce_dtype(), MemKind::Comm);
   ReduceOp op = g.options.gradient_divide_factor
                     ? ReduceOp::premul_sum(1.0 / *g.options.gradient_divide_factor)
                     : ReduceOp(ReduceOp::Avg);
@@ -228,23 +310,27 @@ void reduce_gradients(Group& g) {
     work = Work::completed();
   }
   ++g.ctx->stats.reduce_scatters;
+  if (symmetric && communication_enabled) ++g.ctx->stats.symmetric_reduce_scatters;
   g.ctx->pending.push_back({&g, std::move(input), std::move(output), std::move(work)});
 }
 
 void finish_reductions(Context& ctx) {
   for (PendingReduce& r : ctx.pending) {
-    r.work->wait();
+    wait_counted(ctx, *r.work, /*gather=*/false);
     Group& g = *r.group;
     if (g.replicate_pg && communication_enabled) {
       ReduceOp op =
           g.options.gradient_divide_factor ? ReduceOp(ReduceOp::Sum) : ReduceOp(ReduceOp::Avg);
-      g.replicate_pg->all_reduce(wire(r.output, 0, g.packed), op)->wait();
+      wait_counted(ctx, *g.replicate_pg->all_reduce(wire(r.output, 0, g.packed), op),
+                   /*gather=*/false);
     }
     for (size_t i = 0; i < g.params.size(); ++i) {
       ShardedParam& p = g.params[i];
       add_into_f32(p.grad.f32(), r.output, g.offsets[i], p.shard.numel());
     }
   }
+  // Every reduce-scatter has ended on every rank (its last barrier): the buffers are free.
+  for (PendingReduce& r : ctx.pending) r.group->reduce_buffer_busy = false;
   ctx.pending.clear();
 }
 
@@ -358,6 +444,7 @@ void fully_shard(kit::Module& module, const DeviceMesh& mesh, FullyShardOptions 
     g.packed += p.chunk_rows * p.row_elements;
     g.params.push_back(std::move(p));
   }
+  if (options.symmetric_buffers && g.packed > 0) allocate_symmetric_buffers(g);
   g.ctx = ctx;
   ctx->groups.push_back(&g);
   ctx->root = &g;
@@ -416,7 +503,16 @@ void zero_sharded_grads(kit::Module& root) {
   for (ShardedParam* p : sharded_parameters(root)) p->grad.fill(0.0f);
 }
 
-FsdpStats stats(kit::Module& root) { return require_group(root, "stats").ctx->stats; }
+FsdpStats stats(kit::Module& root) {
+  const Context& ctx = *require_group(root, "stats").ctx;
+  FsdpStats out = ctx.stats;
+  for (const Group* g : ctx.groups) {
+    for (const auto* buffer : {g->gather_buffer.get(), g->reduce_buffer.get()}) {
+      if (buffer != nullptr) out.symmetric_bytes += static_cast<int64_t>(buffer->size());
+    }
+  }
+  return out;
+}
 
 void set_communication_enabled_for_benchmark(bool enabled) { communication_enabled = enabled; }
 

@@ -23,6 +23,17 @@
 // post-backward waits for all of them. With a 2-D mesh (replicate x shard: HSDP) the
 // reduce-scatter runs over the shard dimension, then an all_reduce over the replicate dimension.
 //
+// Symmetric buffers. When every rank of a group's shard process group can share memory (its
+// allocate_symmetric() succeeds: one host, shared memory on), each group allocates two symmetric
+// buffers once, at fully_shard(), and reuses them every step: the all-gather's output (the
+// gather runs in place, each rank's packed shards in its own block) and the reduce-scatter's
+// input followed by its output. The backend then runs both collectives zero-copy
+// (docs/symmetric-memory.md). A group that cannot share memory (Unsupported) uses ordinary
+// buffers, as FullyShardOptions::symmetric_buffers = false does, and says so once at
+// WEFT_LOG=debug. The tracker counts these buffers under MemKind::Comm only while a collective or
+// the copies around it use them (as it counts the ordinary buffers, made and freed around each
+// collective); FsdpStats::symmetric_bytes says how much they hold all the time.
+//
 // Prefetch. A group's pre-forward hook starts the next group's all-gather (in the order the
 // groups ran forward the step before, or set_modules_to_forward_prefetch's list); its
 // pre-backward hook starts the previous group's (reverse order, or
@@ -73,6 +84,10 @@ struct FullyShardOptions {
   // Gradients are averaged over data-parallel ranks; with a factor f they are summed and divided
   // by f instead (premul_sum by 1/f).
   std::optional<double> gradient_divide_factor;
+  // Gather into and reduce-scatter from symmetric buffers when the shard group can share memory
+  // (above); false: ordinary buffers, made per collective (for measuring the difference). Every
+  // rank passes the same value.
+  bool symmetric_buffers = true;
 };
 
 // One parameter as a rank holds it.
@@ -110,18 +125,37 @@ void set_modules_to_backward_prefetch(kit::Module& module, std::vector<kit::Modu
 // Zeroes every sharded gradient under `root` (after the optimizer step).
 void zero_sharded_grads(kit::Module& root);
 
-// Counters for tests and benchmarks, per root: collectives issued and the largest number of
-// bytes of unsharded parameters alive at once.
+// Counters for tests and benchmarks, per root, from fully_shard() on (they only grow: read them
+// before and after a step and subtract to get the step's).
 struct FsdpStats {
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
   int64_t peak_unsharded_param_bytes = 0;
+  // Exposed communication: nanoseconds (steady clock) that the thread driving the model spent
+  // blocked in wait() on an FSDP collective (all-gathers waited for before a group's forward or
+  // backward, or to drop a prefetch nobody used; the reduce-scatters and HSDP all_reduces the
+  // root's post-backward waits for). What prefetch and the backward overlap did not hide: a
+  // collective already complete when waited for costs nothing and counts nothing, so with
+  // communication off (set_communication_enabled_for_benchmark) it stays 0. It includes the time
+  // waiting for a late peer (a rank that is slower to get to the collective). Not counted: the
+  // state.h functions' collectives, and whatever the program itself waits for (a loss all_reduce).
+  int64_t exposed_comm_ns = 0;
+  int64_t blocking_waits = 0;  // the waits that did block, of which exposed_comm_ns is the sum
+  // The all-gathers' part of exposed_comm_ns (the rest: reduce-scatters and HSDP all_reduces,
+  // where a peer that is behind in backward shows up).
+  int64_t exposed_all_gather_ns = 0;
+  // Collectives issued with their tensors in symmetric buffers (the backend runs them zero-copy;
+  // the flight recorder's algorithm says "symmetric"), and those buffers' bytes on this rank.
+  int64_t symmetric_all_gathers = 0;
+  int64_t symmetric_reduce_scatters = 0;
+  int64_t symmetric_bytes = 0;
 };
 FsdpStats stats(kit::Module& root);
 
 // For benchmarks only: with communication off, every all-gather and reduce-scatter is replaced by
 // a local copy of this rank's own data (so results are WRONG), which times the step's compute
-// and copies alone; the difference from a normal step is the communication left exposed.
+// and copies alone. (The difference from a normal step is a noisy estimate of the exposed
+// communication; FsdpStats::exposed_comm_ns measures it directly.)
 void set_communication_enabled_for_benchmark(bool enabled);
 
 }  // namespace weft::fsdp

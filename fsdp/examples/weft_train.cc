@@ -5,8 +5,11 @@
 //
 // Flags and numerics follow docs/fsdp-training-contract.md, so that a PyTorch run with the same
 // flags and --init weights prints the same losses. Rank 0 prints one JSON line per step:
-//   {"step": 0, "loss": 4.1743..., "tokens_per_s": 5120.0, "peak_bytes": {"params": ..., ...}}
-// (peak bytes per kind on rank 0, since the previous line). The global batch is split over the
+//   {"step": 0, "loss": 4.1743..., "tokens_per_s": 5120.0, "exposed_comm_ms": 1.25,
+//    "exposed_all_gather_ms": 0.5, "blocking_waits": 3, "peak_bytes": {"params": ..., ...}}
+// (rank 0's: the time its training thread was blocked waiting for FSDP's collectives this step,
+// FsdpStats::exposed_comm_ns, the all-gathers' part of it, and how many waits blocked; peak
+// bytes per kind since the previous line). The global batch is split over the
 // data-parallel ranks and then into --micro-batches, so the loss does not depend on either.
 #include <unistd.h>
 
@@ -56,7 +59,8 @@ struct Options {
   bool bf16_outputs = false;  // --mp bf16-outputs: that, and every group's output in bfloat16
   bool offload = false;
   bool prefetch = true;
-  bool no_comm = false;  // benchmark only: wrong results
+  bool symmetric = true;  // --no-symmetric: FullyShardOptions::symmetric_buffers off
+  bool no_comm = false;   // benchmark only: wrong results
   std::string save, load, export_path;
 };
 
@@ -68,7 +72,7 @@ struct Options {
                "  [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X] [--momentum X]\n"
                "  [--seed N] [--init FILE.safetensors] [--data FILE] [--synthetic-tokens N]\n"
                "  [--data-seed N] [--micro-batches M] [--mesh RxS] [--mp bf16|bf16-outputs]\n"
-               "  [--offload] [--no-prefetch] [--save DIR] [--load DIR]\n"
+               "  [--offload] [--no-prefetch] [--no-symmetric] [--save DIR] [--load DIR]\n"
                "  [--export FILE.safetensors] [--no-comm-benchmark]\n"
                "(launch under weftrun, torchrun, srun or mpirun; docs/fsdp.md)\n",
                why.c_str());
@@ -206,6 +210,8 @@ Options parse(int argc, char** argv) {
       o.offload = true;
     else if (flag == "--no-prefetch")
       o.prefetch = false;
+    else if (flag == "--no-symmetric")
+      o.symmetric = false;
     else if (flag == "--no-comm-benchmark")
       o.no_comm = true;
     else if (flag == "--save")
@@ -363,6 +369,7 @@ int run(const Options& o) {
     if (o.bf16_outputs) shard.mp_policy.output_dtype = kit::DType::BFloat16;
   }
   shard.offload_policy.offload = o.offload;
+  shard.symmetric_buffers = o.symmetric;
   // A group per block and one each for the embeddings, the final norm and the head (the root
   // keeps none): at most the two largest groups are ever gathered at once.
   std::vector<kit::Module*> groups = {&model.transformer.wte, &model.transformer.wpe};
@@ -415,6 +422,7 @@ int run(const Options& o) {
   const train::SequenceRange mine = train::rank_sequences(o.batch_size, rank, size);
   for (int64_t step = first_step; step < first_step + o.steps; ++step) {
     kit::MemoryTracker::global().reset_peaks();
+    const fsdp::FsdpStats before = fsdp::stats(model);
     const auto start = std::chrono::steady_clock::now();
     train::Batch batch = data.sequences(step, o.batch_size, o.model.block_size, mine);
     float loss = 0;
@@ -446,10 +454,17 @@ int run(const Options& o) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (rank == 0) {
       const double tokens = double(o.batch_size * o.model.block_size);
-      std::printf("%s\n", fmt::format("{{\"step\": {}, \"loss\": {}, \"tokens_per_s\": {:.1f}, "
-                                      "\"peak_bytes\": {}}}",
-                                      step, double(loss), tokens / seconds, peak_bytes_json())
-                              .c_str());
+      const fsdp::FsdpStats after = fsdp::stats(model);
+      std::printf(
+          "%s\n",
+          fmt::format("{{\"step\": {}, \"loss\": {}, \"tokens_per_s\": {:.1f}, "
+                      "\"exposed_comm_ms\": {:.3f}, \"exposed_all_gather_ms\": {:.3f}, "
+                      "\"blocking_waits\": {}, \"peak_bytes\": {}}}",
+                      step, double(loss), tokens / seconds,
+                      double(after.exposed_comm_ns - before.exposed_comm_ns) / 1e6,
+                      double(after.exposed_all_gather_ns - before.exposed_all_gather_ns) / 1e6,
+                      after.blocking_waits - before.blocking_waits, peak_bytes_json())
+              .c_str());
       std::fflush(stdout);
     }
   }

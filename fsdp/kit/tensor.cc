@@ -90,8 +90,13 @@ struct Tensor::Block {
     }
     MemoryTracker::global().add(kind, static_cast<int64_t>(bytes));
   }
+  // Tensor::borrow(): someone else's memory, counted all the same.
+  Block(void* data, size_t bytes, MemKind kind, std::shared_ptr<const void> owner)
+      : ptr(data), bytes(bytes), kind(kind), owner(std::move(owner)) {
+    MemoryTracker::global().add(kind, static_cast<int64_t>(bytes));
+  }
   ~Block() {
-    std::free(ptr);
+    if (!owner) std::free(ptr);
     MemoryTracker::global().add(kind, -static_cast<int64_t>(bytes));
   }
   Block(const Block&) = delete;
@@ -100,6 +105,7 @@ struct Tensor::Block {
   void* ptr = nullptr;
   size_t bytes;
   MemKind kind;
+  std::shared_ptr<const void> owner;  // set when borrowed: the memory is not ours to free
 };
 
 namespace {
@@ -117,6 +123,18 @@ Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, MemKind kind) {
   Tensor t;
   const int64_t n = product(shape);
   t.block_ = std::make_shared<Block>(static_cast<size_t>(n) * dtype_size(dtype), kind);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::borrow(void* data, std::vector<int64_t> shape, DType dtype, MemKind kind,
+                      std::shared_ptr<const void> owner) {
+  WEFT_KIT_CHECK(owner != nullptr, "Tensor::borrow: no owner for the memory at {}", data);
+  Tensor t;
+  const int64_t n = product(shape);
+  t.block_ = std::make_shared<Block>(data, static_cast<size_t>(n) * dtype_size(dtype), kind,
+                                     std::move(owner));
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   return t;

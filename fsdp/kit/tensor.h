@@ -70,6 +70,13 @@ class Tensor {
   static Tensor zeros(std::vector<int64_t> shape, DType dtype, MemKind kind);
   // A float32 tensor holding `values` (size must match the shape's product).
   static Tensor from(std::vector<int64_t> shape, const std::vector<float>& values, MemKind kind);
+  // `shape` elements of `dtype` at `data`, memory that `owner` keeps alive (a pool's, a
+  // communication library's): tensors on it hold `owner`, and its bytes are counted under `kind`
+  // while any of them lives, as if it were a block of its own. So memory reserved once and reused
+  // is counted when in use, the way the rest of the kit's memory is (a pool's idle reserve is
+  // for its owner to report).
+  static Tensor borrow(void* data, std::vector<int64_t> shape, DType dtype, MemKind kind,
+                       std::shared_ptr<const void> owner);
 
   bool defined() const { return block_ != nullptr; }
   DType dtype() const { return dtype_; }

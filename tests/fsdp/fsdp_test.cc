@@ -8,13 +8,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -91,6 +97,7 @@ struct RunOptions {
   int64_t* peak_unsharded = nullptr;    // the engine's peak of unsharded parameter bytes
   fsdp::FsdpStats* stats = nullptr;     // the engine's counters after the last step
   std::function<void(GPT&)> configure;  // after fully_shard, before the first step
+  std::function<void(GPT&)> finish;     // after the last step, while the mesh's groups live
 };
 
 RunOptions on_mesh(std::vector<int> shape, int micro_batches = 1,
@@ -155,6 +162,7 @@ std::vector<float> sharded_losses(const std::shared_ptr<ProcessGroup>& world,
   }
   if (run.peak_unsharded) *run.peak_unsharded = fsdp::stats(model).peak_unsharded_param_bytes;
   if (run.stats) *run.stats = fsdp::stats(model);
+  if (run.finish) run.finish(model);
   return losses;
 }
 
@@ -668,6 +676,208 @@ TEST_CASE("fsdp: the sharded state dict holds this rank's rows and loads them ba
     }
     RANK_CHECK(fsdp::sharded_state_dict(third) == state, "a refused load changed the model");
   });
+}
+
+// The same floats, bit for bit (a NaN would differ from itself: none is expected).
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
+  RANK_CHECK(got.size() == want.size(), "{}: {} losses vs {}", what, got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    RANK_CHECK(std::memcmp(&got[i], &want[i], sizeof(float)) == 0,
+               "{}: step {} loss {:.9g} vs {:.9g} with ordinary buffers\n{}\n{}", what, i, got[i],
+               want[i], got, want);
+  }
+}
+
+// The flight recorder's algorithm for each collective of this process's live groups, counted
+// by "op/algorithm" ("all_gather/symmetric": 12). Dumps into a directory of its own (unless
+// WEFT_TRACE_DIR names one) and removes the file.
+std::map<std::string, int> recorded_algorithms(int rank) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("weft-fsdp-trace-{}-{}", getpid(), rank);
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path was = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  std::vector<std::string> files = dump_trace("fsdp_test: which algorithms ran");
+  std::filesystem::current_path(was);
+  RANK_CHECK(files.size() == 1, "dump_trace wrote {} files (WEFT_TRACE_BUFFER=0?)", files.size());
+  const std::filesystem::path file = std::filesystem::path(files[0]).is_absolute()
+                                         ? std::filesystem::path(files[0])
+                                         : dir / files[0];
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::filesystem::remove(file);
+  std::filesystem::remove_all(dir);
+  const std::string json = text.str();
+  // Each entry names its op before its algorithm (docs/flight-recorder.md's order).
+  auto value_after = [&](const std::string& key, size_t from) -> std::pair<std::string, size_t> {
+    const size_t at = json.find(key, from);
+    if (at == std::string::npos) return {"", std::string::npos};
+    const size_t begin = at + key.size(), end = json.find('"', begin);
+    return {json.substr(begin, end - begin), end};
+  };
+  std::map<std::string, int> counts;
+  for (auto [op, at] = value_after("\"op\": \"", 0); at != std::string::npos;
+       std::tie(op, at) = value_after("\"op\": \"", at)) {
+    auto [algorithm, end] = value_after("\"algorithm\": \"", at);
+    RANK_CHECK(end != std::string::npos, "{}: an entry without an algorithm", file.string());
+    ++counts[op + "/" + algorithm];
+  }
+  return counts;
+}
+
+TEST_CASE("fsdp: exposed communication counts the waits a late rank causes, none without comm",
+          "[fsdp]") {
+  const std::vector<int64_t> dims = {6, 5, 3};
+  std::vector<float> x(4 * 6);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 5 % 13) - 6) / 8.0f;
+  const std::vector<int32_t> y = {0, 2, 1, 2};
+  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& world) {
+    const int rank = world->rank();
+    DeviceMesh mesh = DeviceMesh::init(DeviceKind::Cpu, {2}, {"dp"}, world);
+    kit::MlpModel model(dims);
+    kit::init_mlp(model, 5);
+    fsdp::fully_shard(model.linear(0), mesh);
+    fsdp::fully_shard(model, mesh);
+    auto step = [&] {
+      model.forward_loss(kit::Tensor::from({4, 6}, x, kit::MemKind::Activations), y);
+      model.backward_loss();
+    };
+    // Communication off: every Work is complete when waited for, so nothing blocks (exactly).
+    fsdp::set_communication_enabled_for_benchmark(false);
+    try {
+      for (int i = 0; i < 3; ++i) step();
+    } catch (...) {
+      fsdp::set_communication_enabled_for_benchmark(true);
+      throw;
+    }
+    fsdp::set_communication_enabled_for_benchmark(true);
+    const fsdp::FsdpStats off = fsdp::stats(model);
+    RANK_CHECK(off.all_gathers > 0 && off.exposed_comm_ns == 0 && off.exposed_all_gather_ns == 0 &&
+                   off.blocking_waits == 0,
+               "communication off: {} gathers, exposed {} ns in {} blocking waits", off.all_gathers,
+               off.exposed_comm_ns, off.blocking_waits);
+
+    // Rank 1 is late by 300 ms (the fault measured, not a synchronisation): rank 0's first
+    // gather cannot complete before rank 1 posts its own, so rank 0 blocks in it. (Unless rank 0
+    // itself stalled 300 ms between posting and waiting: then nothing blocked, and the check
+    // would fail spuriously.) The time counted lies within the step's.
+    world->barrier()->wait();
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto start = std::chrono::steady_clock::now();
+    step();
+    const int64_t step_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now() - start)
+                                .count();
+    const fsdp::FsdpStats late = fsdp::stats(model);
+    const int64_t exposed = late.exposed_comm_ns - off.exposed_comm_ns;
+    RANK_CHECK(exposed <= step_ns && late.exposed_all_gather_ns <= late.exposed_comm_ns,
+               "exposed {} ns (all-gathers {} ns) in a step of {} ns", exposed,
+               late.exposed_all_gather_ns, step_ns);
+    if (rank == 0) {
+      // Its first wait is the first group's gather, which rank 1 joins last.
+      RANK_CHECK(
+          exposed > 0 && late.exposed_all_gather_ns > 0 && late.blocking_waits > off.blocking_waits,
+          "rank 0 waited for late rank 1 but counted {} ns (all-gathers {} ns) in {} "
+          "blocking waits",
+          exposed, late.exposed_all_gather_ns, late.blocking_waits - off.blocking_waits);
+    }
+  });
+}
+
+TEST_CASE("fsdp: symmetric buffers run zero-copy and give the ordinary buffers' losses", "[fsdp]") {
+  const std::vector<float> want = reference_losses();
+  fsdp::FullyShardOptions bf16;
+  bf16.mp_policy.param_dtype = kit::DType::BFloat16;
+  bf16.mp_policy.reduce_dtype = kit::DType::Float32;
+  struct Case {
+    std::string name;
+    int ranks;
+    std::vector<int> mesh;
+    fsdp::FullyShardOptions shard;
+  };
+  const std::vector<Case> cases = {{"fp32 on 2 ranks", 2, {2}, {}},
+                                   {"bf16 gathers on 2 ranks", 2, {2}, bf16},
+                                   {"HSDP 2x2", 4, {2, 2}, {}},
+                                   {"fp32 on 4 ranks", 4, {4}, {}}};
+  for (const Case& c : cases) {
+    on_ranks(c.ranks, [&](const std::shared_ptr<ProcessGroup>& world) {
+      const int rank = world->rank();
+      fsdp::FsdpStats plain_stats, sym_stats;
+      RunOptions plain = on_mesh(c.mesh, 1, c.shard);
+      plain.shard.symmetric_buffers = false;
+      plain.stats = &plain_stats;
+      const std::vector<float> ordinary = sharded_losses(world, plain);
+      std::map<std::string, int> algorithms;
+      RunOptions sym = on_mesh(c.mesh, 1, c.shard);
+      sym.stats = &sym_stats;
+      sym.finish = [&](GPT&) { algorithms = recorded_algorithms(rank); };
+      const std::vector<float> symmetric = sharded_losses(world, sym);
+
+      RANK_CHECK(plain_stats.symmetric_all_gathers == 0 &&
+                     plain_stats.symmetric_reduce_scatters == 0 && plain_stats.symmetric_bytes == 0,
+                 "{}: switched off, yet {} symmetric gathers, {} reduce-scatters, {} bytes", c.name,
+                 plain_stats.symmetric_all_gathers, plain_stats.symmetric_reduce_scatters,
+                 plain_stats.symmetric_bytes);
+      // Every group's collectives but the root's: it keeps no parameter (sharded_losses), so its
+      // gather and reduce-scatter of 0 elements, one each per step, have no buffer.
+      RANK_CHECK(sym_stats.all_gathers == plain_stats.all_gathers &&
+                     sym_stats.all_gathers - sym_stats.symmetric_all_gathers == kSteps &&
+                     sym_stats.reduce_scatters - sym_stats.symmetric_reduce_scatters == kSteps &&
+                     sym_stats.symmetric_bytes > 0,
+                 "{}: {} of {} gathers and {} of {} reduce-scatters symmetric, {} bytes", c.name,
+                 sym_stats.symmetric_all_gathers, sym_stats.all_gathers,
+                 sym_stats.symmetric_reduce_scatters, sym_stats.reduce_scatters,
+                 sym_stats.symmetric_bytes);
+      // The backend really ran them zero-copy: every one is recorded with the symmetric algorithm
+      // (the recorder's ring holds them all; the mesh's groups of the ordinary run are gone, and
+      // state.h's gathers were not called).
+      const int gathers = algorithms["all_gather/symmetric"];
+      const int scatters = algorithms["reduce_scatter/symmetric"];
+      RANK_CHECK(gathers == sym_stats.symmetric_all_gathers &&
+                     scatters == sym_stats.symmetric_reduce_scatters,
+                 "{}: the flight recorder has {} symmetric all_gathers (of {}) and {} "
+                 "reduce_scatters (of {}): {}",
+                 c.name, gathers, sym_stats.symmetric_all_gathers, scatters,
+                 sym_stats.symmetric_reduce_scatters, algorithms);
+      // The zero-copy reduce-scatter sums in rank order; the ring in its own order. With 2 ranks
+      // per shard group each sum has two terms, and float addition commutes: the same bits.
+      if (c.mesh.back() == 2) {
+        expect_same_bits(symmetric, ordinary, c.name);
+      } else {
+        // 4 ranks: the ring adds 4 terms in another order than 0..3, so the bits may differ;
+        // both stay within the single-process tolerance of the tests above.
+        expect_losses(symmetric, want, 1e-5, c.name + ", symmetric");
+        expect_losses(ordinary, want, 1e-5, c.name + ", ordinary");
+      }
+    });
+  }
+}
+
+TEST_CASE("fsdp: a shard group that cannot share memory trains on ordinary buffers", "[fsdp]") {
+  const std::vector<float> want = reference_losses();
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(
+      2,
+      [&](int rank) {
+        // Shared memory off: allocate_symmetric refuses (Unsupported). Set in the forked rank
+        // before its first weft call, which reads the environment once.
+        setenv("WEFT_SHM", "0", 1);
+        auto world = join(port, rank, 2);
+        LeaveLast last{*world};
+        fsdp::FsdpStats stats;
+        RunOptions run = on_mesh({2});
+        run.stats = &stats;
+        expect_losses(sharded_losses(world, run), want, 1e-5, "shared memory off");
+        RANK_CHECK(stats.symmetric_all_gathers == 0 && stats.symmetric_reduce_scatters == 0 &&
+                       stats.symmetric_bytes == 0 && stats.all_gathers > 0,
+                   "allocate_symmetric was refused, yet {} symmetric gathers, {} "
+                   "reduce-scatters, {} bytes",
+                   stats.symmetric_all_gathers, stats.symmetric_reduce_scatters,
+                   stats.symmetric_bytes);
+      },
+      std::chrono::seconds(120));
 }
 
 }  // namespace

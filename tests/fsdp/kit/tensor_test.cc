@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <stdexcept>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -83,6 +85,31 @@ TEST_CASE("the tracker counts each block under its kind until its last reference
   }
   CHECK(mt.current(MemKind::Grads) == grads0);
   CHECK(mt.current_total() == total0);
+}
+
+TEST_CASE("a borrowed tensor uses its owner's memory, counted while in use, never freed",
+          "[kit][tensor][memory]") {
+  MemoryTracker& mt = MemoryTracker::global();
+  const int64_t comm0 = mt.current(MemKind::Comm);
+  auto pool = std::make_shared<std::vector<float>>(16, 0.0f);
+  std::weak_ptr<std::vector<float>> alive = pool;
+  {
+    Tensor t = Tensor::borrow(pool->data() + 4, {2, 3}, DType::Float32, MemKind::Comm, pool);
+    CHECK(t.data() == pool->data() + 4);
+    CHECK(mt.current(MemKind::Comm) == comm0 + 24);
+    Tensor row = t.view(3, {3});  // views count nothing, as with owned blocks
+    row.fill(2.0f);
+    pool.reset();  // the tensors keep the owner alive
+    REQUIRE(!alive.expired());
+    CHECK(alive.lock()->at(7) == 2.0f);
+    CHECK(alive.lock()->at(6) == 0.0f);
+    t = Tensor();
+    CHECK(mt.current(MemKind::Comm) == comm0 + 24);  // row still holds the block
+  }
+  CHECK(mt.current(MemKind::Comm) == comm0);
+  CHECK(alive.expired());  // released by the owner's last holder, not by the kit's free()
+  CHECK_THROWS_AS(Tensor::borrow(nullptr, {1}, DType::Float32, MemKind::Comm, nullptr),
+                  std::invalid_argument);
 }
 
 TEST_CASE("global peaks follow allocations and reset to the current values", "[kit][memory]") {
