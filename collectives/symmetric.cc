@@ -1,6 +1,7 @@
 #include "collectives/symmetric.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <tuple>
@@ -75,13 +76,19 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
   const uint64_t epoch = ++region.epoch();
   mine.arrived.store(epoch, std::memory_order_release);
   if (ranks == 1) return;
-  c.memory.wake_peers();
   auto all_arrived = [&] {
     for (int p = 0; p < ranks; ++p) {
       if (region.slot(p).arrived.load(std::memory_order_acquire) < epoch) return false;
     }
     return true;
   };
+  // Only an arrival that completes the barrier wakes the others: waking each waiter at every
+  // arrival woke it P-1 times per barrier to find its peers still missing (at 8 ranks on 2 cores,
+  // most of the time went to those wake-ups). No wake-up is lost: of the last two ranks to
+  // arrive, each stores its count, then (fence) reads the others', so at least one of them sees
+  // every count and rings; a waiter that sleeps is woken by that ring (the doorbell's protocol).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (all_arrived()) c.memory.wake_peers();
   const auto started = Clock::now();
   bool arrived = false;
   try {
