@@ -22,6 +22,11 @@ UCX backend (skipped, 77, where it is not built):
                60), naming rank 1.
   allreduce    rank 2 is killed mid-ring of a 64 MiB all_reduce across hosts: every other rank
                fails with PeerLost naming rank 2 within 10 s (WEFT_TIMEOUT 60).
+  symmetric    the allreduce case with the data in a symmetric buffer of the world (zero-copy on
+               each host, hierarchical across hosts): rank 1 is killed mid-collective, then, in
+               a second job, rank 2; every survivor fails with PeerLost naming the victim within
+               5 s (a local peer in its barrier, the others through the rail or the group's
+               failure), and no host's /dev/shm keeps the buffer.
   shm          rank 1 is killed in a 64 MiB all_reduce of host 1's group (shared memory): rank 0
                fails with PeerLost naming it within 10 s; host 2's group is unharmed.
   split        rank 3 is killed while the others are in split() (before it enters): they fail
@@ -65,7 +70,7 @@ from multi_host_test import Failure, check
 
 CASES = {"rendezvous": 120, "mesh": 121, "allreduce": 122, "shm": 123, "split": 124,
          "sigstop": 125, "store_host": 126, "restart": 127, "mismatch": 128, "store_agent": 129,
-         "allreduce_ucx": 130, "sigstop_ucx": 131, "store_agent_ucx": 132}
+         "allreduce_ucx": 130, "sigstop_ucx": 131, "store_agent_ucx": 132, "symmetric": 133}
 # Variables every rank gets on top of the case's: the *_ucx cases run their case over the UCX
 # backend (the module's folder from WEFT_TEST_UCX_DIR, as meson passes it).
 BACKEND_ENV = {}
@@ -360,6 +365,19 @@ def case_allreduce(job, set_no):
     expect_failures(job, name, [0, 1, 3], t, "PeerLost",
                     [r"all_reduce #\d+", r"rank 2\b"], 10)
     finish_job(job, name)
+
+
+def case_symmetric(job, set_no):
+    for n, victim in enumerate((1, 2)):
+        name = job_id("sym", n)
+        launch(job, set_no, name, ["symmetric", "--mib", "64", "--iterations", "6"],
+               port_of(set_no, n))
+        t = kill_when(job, name, victim, [(r, "^iteration 1 ok") for r in range(4)] +
+                      [(victim, "^iteration 2 start")])
+        survivors = [r for r in range(4) if r != victim]
+        expect_failures(job, name, survivors, t, "PeerLost",
+                        [r"all_reduce #\d+", rf"rank {victim}\b"], 5)
+        finish_job(job, name)
 
 
 def case_shm(job, set_no):
