@@ -12,6 +12,12 @@
 
 #include "weft/error.h"
 
+#include "collectives/binomial_tree.h"
+#include "collectives/halving_doubling.h"
+#include "collectives/planner.h"
+#include "collectives/recursive_doubling.h"
+#include "collectives/ring.h"
+#include "collectives/sub_transport.h"
 #include "runtime/reduce.h"
 
 namespace weft::collectives {
@@ -42,9 +48,10 @@ std::pair<size_t, size_t> slice_of(size_t count, size_t element, int rank, int r
 }
 
 // Reduces `n` elements at byte `at` of every rank's input, in rank order, into `acc`, and
-// finalises them. `spare` (n elements) holds a premultiplied input.
+// finalises them unless `finalise` is false (the hierarchical ones finalise once, at the end).
+// `spare` (n elements) holds a premultiplied input.
 void reduce_piece(const SymmetricOperand& input, size_t at, size_t n, int ranks, DType dtype,
-                  ReduceOp op, std::byte* acc, std::byte* spare) {
+                  ReduceOp op, std::byte* acc, std::byte* spare, bool finalise = true) {
   const size_t bytes = n * dtype_size(dtype);
   const bool premultiply = reduce::needs_premultiply(op);
   for (int p = 0; p < ranks; ++p) {
@@ -62,7 +69,47 @@ void reduce_piece(const SymmetricOperand& input, size_t at, size_t n, int ranks,
       reduce::accumulate(acc, src, n, dtype, op);
     }
   }
-  reduce::finalize(acc, n, dtype, op, ranks);
+  if (finalise) reduce::finalize(acc, n, dtype, op, ranks);
+}
+
+// Runs one phase of a hierarchical algorithm, adding its name to an error's message (the code is
+// kept), as hierarchical.cc does.
+template <typename Body>
+void phase(const std::string& where, std::string_view name, Body body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{} {}: {}", where, name, e.what()));
+  }
+}
+
+std::string describe(std::string_view op, const NodeLayout& layout) {
+  return fmt::format("symmetric hierarchical {} ({} hosts x {} ranks)", op, layout.node_count(),
+                     layout.ranks_per_node());
+}
+
+// The op that the inter-host phase combines with: the premultiply and Avg's division happen once,
+// outside it.
+ReduceOp summing(ReduceOp op) {
+  return op.kind == ReduceOp::Avg || op.kind == ReduceOp::PremulSum ? ReduceOp(ReduceOp::Sum) : op;
+}
+
+// In-place all_reduce of `count` elements at `data` among the ranks of this rank's rail (the same
+// local index on every host), by the planner's choice for its size. Every algorithm the planner
+// picks leaves the same bits on every rank of the rail.
+void rail_all_reduce(const Context& ctx, const NodeLayout& layout, void* data, size_t count,
+                     DType dtype, ReduceOp op) {
+  SubTransport rail(ctx.transport, layout.rail(layout.local), 0);
+  const Context inner{rail, ctx.seq, ctx.deadline, ctx.scratch};
+  const Algorithm algorithm = choose(Op::AllReduce, count * dtype_size(dtype), rail.size(),
+                                     rail.link((rail.rank() + 1) % rail.size()));
+  if (algorithm == Algorithm::RecursiveDoubling) {
+    recursive_doubling_all_reduce(inner, data, data, count, dtype, op);
+  } else if (algorithm == Algorithm::HalvingDoubling) {
+    halving_doubling_all_reduce(inner, data, data, count, dtype, op);
+  } else {
+    ring_all_reduce(inner, data, data, count, dtype, op);
+  }
 }
 
 }  // namespace
@@ -102,7 +149,9 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
   if (!arrived) {
     std::vector<int> absent;
     for (int p = 0; p < ranks; ++p) {
-      if (region.slot(p).arrived.load(std::memory_order_acquire) < epoch) absent.push_back(p);
+      if (region.slot(p).arrived.load(std::memory_order_acquire) < epoch) {
+        absent.push_back(region.member(p));
+      }
     }
     const auto waited =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
@@ -126,7 +175,8 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
                 fmt::format("symmetric barrier ({}) on buffer #{}: Desync: rank {} runs {}; this "
                             "rank runs {} (every rank must pass the same call, with its tensors "
                             "at the same offsets of the same buffers)",
-                            phase, region.id(), p, describe_call(theirs), describe_call(c.call)));
+                            phase, region.id(), region.member(p), describe_call(theirs),
+                            describe_call(c.call)));
   }
 }
 
@@ -273,6 +323,173 @@ bool symmetric_all_to_all(const SymmetricContext& c, SymmetricOperand input,
   // Also when declining: no rank may publish its next call while another still reads this one's.
   symmetric_barrier(c, false, "leave");
   return agree;
+}
+
+void symmetric_hierarchical_all_reduce(const SymmetricContext& c, const NodeLayout& layout,
+                                       SymmetricOperand input, SymmetricOperand output,
+                                       size_t count, DType dtype, ReduceOp op) {
+  reduce::check_supported(dtype, op);
+  const std::string where = describe("all_reduce", layout);
+  const size_t element = dtype_size(dtype);
+  const int locals = c.anchor.ranks();
+  const int local = c.anchor.rank();
+  const auto [begin, end] = slice_of(count, element, local, locals);
+  const size_t chunk = std::max<size_t>(1, kChunkBytes / element);
+  const size_t piece = std::min(chunk, end - begin);
+  detail::Scratch scratch(c.ctx, piece * element * (reduce::needs_premultiply(op) ? 2 : 1));
+  symmetric_barrier(c, true, "enter");
+  // 1. This host's sum of slice `local`, into this rank's own output: in place, that is slice
+  //    `local` of its own input, which only this rank reads, and has read by then.
+  std::byte* shard = output.at(local) + begin * element;
+  for (size_t first = begin; first < end; first += chunk) {
+    const size_t n = std::min(chunk, end - first);
+    std::byte* acc = scratch.data();
+    reduce_piece(input, first * element, n, locals, dtype, op, acc, acc + piece * element,
+                 /*finalise=*/false);
+    std::memcpy(output.at(local) + first * element, acc, n * element);
+  }
+  // 2. The hosts' sums of the slice, along the rail; the same slice on every host (the same
+  //    number of ranks on each), so a rail whose slice is empty skips alike.
+  const size_t shard_count = end - begin;
+  if (shard_count > 0) {
+    phase(where, "inter-host all_reduce",
+          [&] { rail_all_reduce(c.ctx, layout, shard, shard_count, dtype, summing(op)); });
+    reduce::finalize(shard, shard_count, dtype, op, c.ctx.transport.size());
+  }
+  // 3. The slice into every local peer's output: slice `local` of any output is this rank's alone
+  //    (in place, it was read by this rank only, in step 1).
+  for (int p = 0; p < locals; ++p) {
+    if (p != local && shard_count > 0) {
+      std::memcpy(output.at(p) + begin * element, shard, shard_count * element);
+    }
+  }
+  symmetric_barrier(c, false, "leave");
+}
+
+void symmetric_hierarchical_reduce_scatter(const SymmetricContext& c, const NodeLayout& layout,
+                                           SymmetricOperand input, SymmetricOperand output,
+                                           size_t count, DType dtype, ReduceOp op) {
+  reduce::check_supported(dtype, op);
+  const std::string where = describe("reduce_scatter", layout);
+  const size_t element = dtype_size(dtype);
+  const int locals = c.anchor.ranks();
+  const int local = c.anchor.rank();
+  const int hosts = layout.node_count();
+  const size_t chunk = std::max<size_t>(1, kChunkBytes / element);
+  const bool premultiply = reduce::needs_premultiply(op);
+  // Both before the barrier, as every algorithm here: allocation may fail, and must not fail
+  // after peers counted on this rank.
+  const detail::Scratch spare(c.ctx, premultiply ? std::min(chunk, count) * element : 0);
+  const detail::Scratch rail_sum(c.ctx, static_cast<size_t>(hosts) * count * element);
+  symmetric_barrier(c, true, "enter");
+  // 1. This host's sum of the blocks of this rank's rail (host h's rank of the rail, for every h),
+  //    in local rank order, straight into the rail's buffer.
+  for (int h = 0; h < hosts; ++h) {
+    const size_t block =
+        static_cast<size_t>(layout.nodes[static_cast<size_t>(h)][static_cast<size_t>(local)]) *
+        count * element;
+    std::byte* sum = rail_sum.data() + static_cast<size_t>(h) * count * element;
+    for (size_t first = 0; first < count; first += chunk) {
+      const size_t n = std::min(chunk, count - first);
+      reduce_piece(input, block + first * element, n, locals, dtype, op, sum + first * element,
+                   spare.data(), /*finalise=*/false);
+    }
+  }
+  // 2. A reduce-scatter along the rail leaves this rank its block, summed over every host. In
+  //    place, the output is this rank's block of its own input, which only this rank reads
+  //    (its rail), and has read by then.
+  if (count > 0) {
+    phase(where, "inter-host reduce-scatter", [&] {
+      SubTransport rail(c.ctx.transport, layout.rail(local), 0);
+      const Context inner{rail, c.ctx.seq, c.ctx.deadline, c.ctx.scratch};
+      ring_reduce_scatter(inner, rail_sum.data(), output.at(local), count, dtype, summing(op));
+    });
+    reduce::finalize(output.at(local), count, dtype, op, c.ctx.transport.size());
+  }
+  // Peers read this rank's input until they leave.
+  symmetric_barrier(c, false, "leave");
+}
+
+void symmetric_hierarchical_all_gather(const SymmetricContext& c, const NodeLayout& layout,
+                                       SymmetricOperand input, SymmetricOperand output,
+                                       size_t count, DType dtype) {
+  const std::string where = describe("all_gather", layout);
+  const size_t bytes = count * dtype_size(dtype);
+  const int locals = c.anchor.ranks();
+  const int local = c.anchor.rank();
+  const int hosts = layout.node_count();
+  auto rank_at = [&](int h, int l) {
+    return static_cast<size_t>(layout.nodes[static_cast<size_t>(h)][static_cast<size_t>(l)]);
+  };
+  symmetric_barrier(c, true, "enter");
+  std::byte* out = output.at(local);
+  std::byte* mine = out + rank_at(layout.node, local) * bytes;
+  if (input.region != nullptr && bytes > 0) std::memcpy(mine, input.at(local), bytes);
+  if (bytes > 0) {
+    // 1. Along the rail: this rank's block to the same local index on every other host, theirs
+    //    straight into their places in this rank's output.
+    phase(where, "inter-host all-gather", [&] {
+      SubTransport rail(c.ctx.transport, layout.rail(local), 0);
+      const Context inner{rail, c.ctx.seq, c.ctx.deadline, c.ctx.scratch};
+      detail::Inflight inflight(inner, "direct all-gather");
+      for (int k = 1; k < hosts; ++k) {
+        const int peer = (layout.node + k) % hosts;
+        inflight.recv(peer, out + rank_at(peer, local) * bytes, bytes, 0);
+      }
+      for (int k = 1; k < hosts; ++k) {
+        inflight.send((layout.node - k + hosts) % hosts, mine, bytes, 0);
+      }
+      inflight.wait_all("", 0, 1);
+    });
+    // 2. The rail's blocks into every local peer's output: no other rank writes those places,
+    //    and none reads them (in place, a peer's input is its own rail's block).
+    for (int i = 1; i < locals; ++i) {
+      const int p = (local + i) % locals;
+      for (int h = 0; h < hosts; ++h) {
+        std::memcpy(output.at(p) + rank_at(h, local) * bytes, out + rank_at(h, local) * bytes,
+                    bytes);
+      }
+    }
+  }
+  symmetric_barrier(c, false, "leave");
+}
+
+void symmetric_hierarchical_broadcast(const SymmetricContext& c, const NodeLayout& layout,
+                                      const void* input, SymmetricOperand output, size_t count,
+                                      DType dtype, int root) {
+  const std::string where = describe("broadcast", layout);
+  const size_t element = dtype_size(dtype);
+  const int locals = c.anchor.ranks();
+  const int local = c.anchor.rank();
+  const int root_host = layout.node_of_rank(root);
+  const auto& root_ranks = layout.nodes[static_cast<size_t>(root_host)];
+  const int root_local =
+      static_cast<int>(std::find(root_ranks.begin(), root_ranks.end(), root) - root_ranks.begin());
+  const bool root_side = layout.node == root_host;
+  if (root_side && local == root_local && input != output.at(local) && count > 0) {
+    std::memcpy(output.at(local), input, count * element);  // before peers may read it (enter)
+  }
+  symmetric_barrier(c, true, "enter");
+  // Slice `local` of the data travels along rail `local`, then from its rank to the host's others.
+  const auto [begin, end] = slice_of(count, element, local, locals);
+  const size_t at = begin * element;
+  const size_t n = (end - begin) * element;
+  std::byte* slice = output.at(local) + at;
+  if (root_side && local != root_local && n > 0) {
+    std::memcpy(slice, output.at(root_local) + at, n);
+  }
+  if (n > 0) {
+    phase(where, "inter-host broadcast", [&] {
+      SubTransport rail(c.ctx.transport, layout.rail(local), 0);
+      const Context inner{rail, c.ctx.seq, c.ctx.deadline, c.ctx.scratch};
+      binomial_broadcast(inner, slice, n, root_host);
+    });
+    for (int p = 0; p < locals; ++p) {
+      if (p == local || (root_side && p == root_local)) continue;
+      std::memcpy(output.at(p) + at, slice, n);
+    }
+  }
+  symmetric_barrier(c, false, "leave");
 }
 
 }  // namespace weft::collectives

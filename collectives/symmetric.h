@@ -51,12 +51,13 @@
 #include "weft/reduce_op.h"
 
 #include "collectives/context.h"
+#include "collectives/hierarchical.h"
 #include "collectives/symmetric_memory.h"
 
 namespace weft::collectives {
 
 struct SymmetricContext {
-  const Context& ctx;  // deadline and scratch (its transport is not used)
+  const Context& ctx;  // deadline and scratch; its transport only across hosts (below)
   SymmetricMemory& memory;
   SymmetricRegion& anchor;  // whose barriers the collective uses
   SymmetricCall call;       // what this rank runs, compared with every peer's
@@ -100,6 +101,48 @@ void symmetric_broadcast(const SymmetricContext& c, const void* input, Symmetric
 // returns false after both barriers, touching nothing, and the caller takes the message path.
 bool symmetric_all_to_all(const SymmetricContext& c, SymmetricOperand input,
                           SymmetricOperand output, size_t count, DType dtype);
+
+// Groups that span hosts: the anchor region is this host's mapping (its L ranks' blocks, local
+// index = SymmetricRegion::rank()), `layout` the group's hosts, each with the same number of ranks
+// L, the region's ranks being this host's (the caller checks both). Each is: enter barrier on this
+// host; this rank's local share; the inter-host phase over the group's transport along this
+// rank's rail (the ranks of the same local index on every host: hierarchical.h), in place in
+// symmetric memory; this rank's share pushed to its local peers; leave barrier. No barrier
+// between the phases: what the rail phase reads and writes, no local peer touches. For H hosts,
+// P = H L ranks, S bytes per rank:
+//   all_reduce      rank l reduces slice l (as above) of the L local inputs in local order into
+//                   its own output, all_reduces it along the rail (the planner's choice for
+//                   S/L bytes on H ranks: every one leaves the same bits on every rank), finalises
+//                   (Avg: / P), and writes it into the L-1 local peers' outputs. Between hosts
+//                   per rank: 2 (H-1)/H S/L each way for the ring.
+//   reduce_scatter  rank l reduces, over the L local inputs, the H blocks of its rail's ranks into
+//                   scratch (H S bytes), then a ring reduce-scatter along the rail leaves it its
+//                   block: (H-1) S between hosts per rank.
+//   all_gather      rank l sends its block to its rail, receives the rail's H-1 others straight
+//                   into its output, and copies the rail's H blocks into every local peer's
+//                   output: (H-1) S each way between hosts per rank.
+//   broadcast       slice l of the root's output is copied by rank l of the root's host into its
+//                   own output, broadcast along rail l (binomial tree from the root's host), and
+//                   copied by rank l into its local peers' outputs.
+// Avg and PremulSum as the one-host ones: premultiplied once, summed through both phases, Avg's
+// division once at the end. The summation order (host by host) differs from the one-host
+// algorithms' and the message path's, so floating sums may differ from theirs in the last bits;
+// every rank gets the same bits. A dead local peer is PeerLost in the barriers as on one host; a
+// dead remote one is the transport's PeerLost in the rail phase, or reaches the others through
+// the group's failure (a rank whose group broke hangs up).
+void symmetric_hierarchical_all_reduce(const SymmetricContext& c, const NodeLayout& layout,
+                                       SymmetricOperand input, SymmetricOperand output,
+                                       size_t count, DType dtype, ReduceOp op);
+void symmetric_hierarchical_reduce_scatter(const SymmetricContext& c, const NodeLayout& layout,
+                                           SymmetricOperand input, SymmetricOperand output,
+                                           size_t count, DType dtype, ReduceOp op);
+// In place when input.region is null (every rank's input is its block of the output).
+void symmetric_hierarchical_all_gather(const SymmetricContext& c, const NodeLayout& layout,
+                                       SymmetricOperand input, SymmetricOperand output,
+                                       size_t count, DType dtype);
+void symmetric_hierarchical_broadcast(const SymmetricContext& c, const NodeLayout& layout,
+                                      const void* input, SymmetricOperand output, size_t count,
+                                      DType dtype, int root);
 
 // The barrier the algorithms use (published for tests): every rank enters it once per call, in
 // the same order. With `check_call`, this rank's call is published first and compared with every

@@ -25,11 +25,14 @@ SymmetricLayout SymmetricLayout::of(int ranks, size_t bytes) {
 }
 
 SymmetricRegion::SymmetricRegion(std::shared_ptr<void> mapping, std::byte* base, int rank, int size,
-                                 size_t bytes, uint64_t id, std::string group)
+                                 size_t bytes, uint64_t id, std::string group,
+                                 std::vector<int> members, int group_size)
     : group_(std::move(group)),
       id_(id),
       rank_(rank),
       ranks_(size),
+      members_(std::move(members)),
+      group_size_(group_size > 0 ? group_size : size),
       bytes_(bytes),
       layout_(SymmetricLayout::of(size, bytes)),
       base_(base),
@@ -50,8 +53,8 @@ void SymmetricRegion::release() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!users_.empty()) {
       throw_error(ErrorCode::InvalidArgument,
-                  fmt::format("rank {}/{} group \"{}\" symmetric buffer #{} release", rank_, ranks_,
-                              group_, id_),
+                  fmt::format("rank {}/{} group \"{}\" symmetric buffer #{} release", member(rank_),
+                              group_size_, group_, id_),
                   fmt::format("still in use by {} (wait for their Work before releasing it)",
                               users_text()));
     }

@@ -2,10 +2,15 @@
 // capability a transport offers when its ranks share memory.
 //
 // A SymmetricRegion is one symmetric buffer (weft/symmetric_buffer.h): one mapping per host that
-// holds a header page, then one block per rank, each `stride` bytes apart:
+// holds a header page, then one block per rank of that host, each `stride` bytes apart:
 //
 //   [SymmetricHeader, then SymmetricSlot of rank 0, 1, ... (128 bytes each)] page-aligned
 //   [block of rank 0][block of rank 1]...[block of rank P-1]                 each page-aligned
+//
+// Ranks and blocks here are the host's: in a group on one host, block r is group rank r's; in a
+// group that spans hosts, the mapping holds the L ranks of this host only, block l being its l-th
+// rank by group rank (members()), and the zero-copy algorithms run their inter-host phase over
+// the transport (collectives/symmetric.h).
 //
 // Each rank's slot is written by that rank only and read by all: `arrived` counts the barriers it
 // has entered on this region; the words before it describe the collective it runs (SymmetricCall),
@@ -87,9 +92,12 @@ struct SymmetricLayout {
 class SymmetricRegion final : public SymmetricBuffer {
  public:
   // `mapping` keeps the memory mapped (destroying it unmaps); `base` is its start, laid out as
-  // SymmetricLayout::of(size, bytes) with the header already formatted.
+  // SymmetricLayout::of(size, bytes) with the header already formatted. `rank` and `size` are
+  // the mapping's (this rank's block, the blocks); `members` the group rank of each block
+  // (ascending; empty: block r is rank r, the whole group); `group_size` the group's (0: size).
   SymmetricRegion(std::shared_ptr<void> mapping, std::byte* base, int rank, int size, size_t bytes,
-                  uint64_t id, std::string group);
+                  uint64_t id, std::string group, std::vector<int> members = {},
+                  int group_size = 0);
 
   void* data() const override;
   size_t size() const override { return bytes_; }
@@ -97,8 +105,15 @@ class SymmetricRegion final : public SymmetricBuffer {
   uint64_t id() const override { return id_; }
   void release() override;
 
+  // This rank's block and the number of blocks: the mapping's, not the group's.
   int rank() const { return rank_; }
   int ranks() const { return ranks_; }
+  // The group rank of block `r` (for messages and for the group's layout).
+  int member(int r) const { return members_.empty() ? r : members_[static_cast<size_t>(r)]; }
+  int group_rank() const { return member(rank_); }
+  int group_size() const { return group_size_; }
+  // Whether some rank of the group is on another host (its block in another mapping).
+  bool spans_hosts() const { return group_size_ > ranks_; }
   // Rank r's block as mapped in this process. REQUIRES: not released (the caller holds a Use).
   std::byte* block(int r) const { return base_ + layout_.header + layout_.stride * r; }
   SymmetricSlot& slot(int r) const;
@@ -130,6 +145,8 @@ class SymmetricRegion final : public SymmetricBuffer {
   const uint64_t id_;
   const int rank_;
   const int ranks_;
+  const std::vector<int> members_;
+  const int group_size_;
   const size_t bytes_;
   const SymmetricLayout layout_;
   std::byte* const base_;

@@ -113,10 +113,10 @@ class Transport {
   // Fails every pending and later request with Error(Aborted). Safe from any thread.
   virtual void abort(const std::string& reason) = 0;
 
-  // Symmetric memory between all the ranks (symmetric_memory.h): the optional zero-copy
-  // registration of DESIGN.md. Null when the transport cannot share memory between all of them;
-  // then why_no_symmetric_memory() says why ("ranks 2, 3 are on another host"). The transport
-  // owns it; it lives as long as the transport.
+  // Symmetric memory between the ranks of each host (symmetric_memory.h): the optional zero-copy
+  // registration of DESIGN.md. Null when the transport cannot share memory between them; then
+  // why_no_symmetric_memory() says why ("shared memory is off"). The transport owns it; it lives
+  // as long as the transport.
   virtual SymmetricMemory* symmetric_memory() { return nullptr; }
   virtual std::string why_no_symmetric_memory() const {
     return "its transport has no memory shared between the ranks";

@@ -31,7 +31,8 @@ bool equal_blocks(const std::vector<size_t>& counts) {
 }  // namespace
 
 std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Collective& c,
-                                            const ErrorContext& context) {
+                                            const ErrorContext& context,
+                                            const collectives::NodeLayout& layout) {
   if (memory == nullptr) return std::nullopt;
   auto find = [&](const Tensor& t) {
     try {
@@ -80,6 +81,19 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
   SymmetricMemory::Found in;
   if (needs_input) in = find(c.inputs[0]);
   if ((!reduce && !out.region) || (needs_input && !in.region)) return std::nullopt;
+  SymmetricRegion& any_region = needs_input ? *in.region : *out.region;
+  const bool hierarchical = any_region.spans_hosts();
+  if (hierarchical) {
+    // Across hosts: the four with a hierarchical algorithm, on hosts of equal size (as the
+    // message path's hierarchical ones need; every rank knows the layout, so all decide alike).
+    const bool has_algorithm =
+        c.kind == CollectiveKind::AllReduce || c.kind == CollectiveKind::ReduceScatter ||
+        c.kind == CollectiveKind::AllGather || c.kind == CollectiveKind::Broadcast;
+    if (!has_algorithm || layout.ranks_per_node() != any_region.ranks() ||
+        layout.node_count() < 2 || layout.local != any_region.rank()) {
+      return std::nullopt;
+    }
+  }
 
   SymmetricPlan plan;
   const std::string user = fmt::format("{} #{}", collective_name(c.kind), c.seq);
@@ -99,6 +113,7 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
   const Tensor& any = needs_input ? c.inputs[0] : c.outputs[0];
   plan.root_output = reduce;
   plan.negotiate = c.kind == CollectiveKind::AllToAll;
+  if (hierarchical) plan.hosts = &layout;
   plan.call.seq = c.seq;
   plan.call.shape = static_cast<uint64_t>(c.kind) | static_cast<uint64_t>(any.dtype) << 8 |
                     static_cast<uint64_t>(c.op.kind) << 16 |
@@ -130,7 +145,7 @@ std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Colle
   if (c.kind == CollectiveKind::AllGather) {
     // In place, each rank's input is its own block of the output: at a different offset on each
     // rank, so the call says "in place" instead, and peers read it from the output.
-    const int rank = out.region->rank();
+    const int rank = out.region->group_rank();
     plan.in_place =
         in.region == out.region && in.offset == out.offset + rank * c.inputs[0].nbytes();
     if (plan.in_place) {
@@ -158,6 +173,36 @@ bool run_symmetric(const Collective& c, const collectives::Context& ctx, Symmetr
     }
     note_algorithm(c.trace, "symmetric");
     return true;
+  }
+  if (plan.hosts != nullptr) {
+    note_algorithm(c.trace, "symmetric_hierarchical");
+    const collectives::NodeLayout& hosts = *plan.hosts;
+    const Tensor& out = c.outputs[0];
+    switch (c.kind) {
+      case CollectiveKind::AllReduce:
+        collectives::symmetric_hierarchical_all_reduce(sc, hosts, plan.input, plan.output,
+                                                       out.count, out.dtype, c.op);
+        return true;
+      case CollectiveKind::ReduceScatter:
+        collectives::symmetric_hierarchical_reduce_scatter(sc, hosts, plan.input, plan.output,
+                                                           out.count, out.dtype, c.op);
+        return true;
+      case CollectiveKind::AllGather:
+        collectives::symmetric_hierarchical_all_gather(
+            sc, hosts, plan.in_place ? collectives::SymmetricOperand{} : plan.input, plan.output,
+            c.inputs[0].count, out.dtype);
+        return true;
+      case CollectiveKind::Broadcast:
+        collectives::symmetric_hierarchical_broadcast(sc, hosts,
+                                                      c.inputs.empty() ? nullptr : c.inputs[0].data,
+                                                      plan.output, out.count, out.dtype, c.root);
+        return true;
+      default:
+        break;
+    }
+    throw Error(
+        ErrorCode::Unsupported,
+        fmt::format("symmetric dispatch: no hierarchical zero-copy {}", collective_name(c.kind)));
   }
   note_algorithm(c.trace, "symmetric");
   if (c.kind == CollectiveKind::Reduce) {

@@ -12,6 +12,11 @@
 // messages. The plan holds a use of each buffer, so a buffer cannot be released (and stays mapped
 // if its handle goes) until the collective is over.
 //
+// In a group that spans hosts (each buffer one mapping per host), all_reduce, reduce_scatter,
+// all_gather and broadcast run zero-copy hierarchically (symmetric.h) when every host has the
+// same number of ranks; on uneven hosts, and for every other collective, the message path runs
+// (on every rank alike: each rank knows the layout), with the tensors in symmetric memory.
+//
 // Thread safety: plan_symmetric() from any thread; run_symmetric() on the progress thread.
 #pragma once
 
@@ -35,13 +40,16 @@ struct SymmetricPlan {
   bool in_place = false;     // all_gather: every rank's input is its block of the output
   bool root_output = false;  // reduce: only the root's call names the output (SymmetricContext)
   bool negotiate = false;    // all_to_all: the ranks' splits decide after the barrier
+  // The group's hosts when it spans several (the hierarchical algorithms); null on one host.
+  const collectives::NodeLayout* hosts = nullptr;
 };
 
 // The zero-copy plan of `c`, or nullopt for the message path. Throws Error(InvalidArgument) with
 // `context` when any tensor of `c` (whatever its kind, zero-copy or not) starts inside a symmetric
-// buffer and runs past its end.
+// buffer and runs past its end. `layout`: the group's nodes (must outlive the plan).
 std::optional<SymmetricPlan> plan_symmetric(collectives::SymmetricMemory* memory,
-                                            const Collective& c, const ErrorContext& context);
+                                            const Collective& c, const ErrorContext& context,
+                                            const collectives::NodeLayout& layout);
 
 // Runs `c` by `plan`, with ctx's deadline and scratch; false when it did not, having found with
 // every rank that the message path must (an all_to_all whose splits are not equal everywhere),

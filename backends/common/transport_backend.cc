@@ -98,7 +98,8 @@ std::shared_ptr<Work> TransportBackend::post(Collective collective, ErrorContext
   TraceRef trace = collective.trace;
   std::shared_ptr<SymmetricPlan> symmetric;
   try {
-    if (auto plan = plan_symmetric(transport_->symmetric_memory(), collective, context)) {
+    if (auto plan =
+            plan_symmetric(transport_->symmetric_memory(), collective, context, plan_.nodes)) {
       symmetric = std::make_shared<SymmetricPlan>(std::move(*plan));
     }
   } catch (const Error&) {

@@ -95,21 +95,20 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
     tcp = std::make_unique<TcpTransport>(rank, size, std::move(sockets), tcp_options);
   }
   ShmTransport* shm_transport = shm.get();
-  auto routed = std::make_unique<RoutedTransport>(rank, size, std::move(shm), std::move(tcp),
-                                                  std::move(nodes));
+  auto routed =
+      std::make_unique<RoutedTransport>(rank, size, std::move(shm), std::move(tcp), nodes);
   if (!shm_on) {
     routed->no_symmetric_ =
         "shared memory is off for this group (WEFT_SHM=0 or the backend setting shm=0)";
-  } else if (any_tcp) {
-    routed->no_symmetric_ = fmt::format(
-        "rank(s) {} are not on this host's shared memory (reached over TCP); "
-        "symmetric buffers need every rank of the group on one host",
-        fmt::join(tcp_peers, ", "));
   } else {
+    // One mapping per host (per class of ranks sharing /dev/shm), of that host's ranks; a rank
+    // alone on its host gets a mapping of one block. Across hosts the zero-copy collectives run
+    // their inter-host phase over TCP (collectives/symmetric.h).
     ShmSymmetricMemory::Options sym_options;
     sym_options.group_name = options.group_name;
     sym_options.key_prefix = options.key_prefix + "/sym";
     sym_options.group_id = group_id;
+    if (any_tcp) sym_options.nodes = std::move(nodes);
     routed->symmetric_ = std::make_unique<ShmSymmetricMemory>(store, rank, size, shm_transport,
                                                               std::move(sym_options));
   }

@@ -84,7 +84,7 @@ class RoutedTransport final : public collectives::Transport {
   void wait(collectives::Request request, collectives::Clock::time_point deadline) override;
   bool test(collectives::Request request) override;
   void abort(const std::string& reason) override;
-  // Symmetric buffers: when every peer is on this host's shared memory (or there is none).
+  // Symmetric buffers: one mapping per host of that host's ranks, whenever shared memory is on.
   collectives::SymmetricMemory* symmetric_memory() override { return symmetric_.get(); }
   std::string why_no_symmetric_memory() const override { return no_symmetric_; }
 
@@ -102,8 +102,7 @@ class RoutedTransport final : public collectives::Transport {
   const std::vector<int> nodes_;
   // Inner ids posted and not yet waited for, per side: a handful, so vectors.
   std::vector<uint64_t> pending_[2];
-  // After shm_, which it uses. Null when some peer is not on shared memory; then no_symmetric_
-  // says why.
+  // After shm_, which it uses. Null when shared memory is off; then no_symmetric_ says why.
   std::unique_ptr<ShmSymmetricMemory> symmetric_;
   std::string no_symmetric_;
 };

@@ -36,7 +36,19 @@ std::string text_of(const Bytes& bytes) { return std::string(bytes.begin(), byte
 
 ShmSymmetricMemory::ShmSymmetricMemory(Store& store, int rank, int size, ShmTransport* shm,
                                        Options options)
-    : store_(store), rank_(rank), size_(size), shm_(shm), options_(std::move(options)) {}
+    : store_(store), rank_(rank), size_(size), shm_(shm), options_(std::move(options)) {
+  auto node_of = [&](int r) {
+    return options_.nodes.empty() ? 0 : options_.nodes.at(static_cast<size_t>(r));
+  };
+  std::vector<int> seen;
+  for (int r = 0; r < size_; ++r) {
+    if (node_of(r) == node_of(rank_)) local_.push_back(r);
+    if (std::find(seen.begin(), seen.end(), node_of(r)) == seen.end()) {
+      seen.push_back(node_of(r));
+      leaders_.push_back(r);
+    }
+  }
+}
 
 Error ShmSymmetricMemory::error(ErrorCode code, const std::string& detail) const {
   ErrorContext where{rank_, size_, options_.group_name, "allocate_symmetric", 0, {}};
@@ -46,11 +58,18 @@ Error ShmSymmetricMemory::error(ErrorCode code, const std::string& detail) const
 std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::allocate(size_t bytes,
                                                               Clock::time_point deadline) {
   const uint64_t id = allocations_++;
-  const SymmetricLayout layout = SymmetricLayout::of(size_, bytes);
-  const std::string key = fmt::format("{}/{}", options_.key_prefix, id);
+  const int local_size = static_cast<int>(local_.size());
+  const int local_rank =
+      static_cast<int>(std::find(local_.begin(), local_.end(), rank_) - local_.begin());
+  const int leader = local_[0];
+  const bool across = leaders_.size() > 1;
+  const SymmetricLayout layout = SymmetricLayout::of(local_size, bytes);
+  // One name per host: its leader's.
+  const std::string key = fmt::format("{}/{}/{}", options_.key_prefix, id, leader);
   auto opened_key = [&](int r) { return fmt::format("{}/opened/{}", key, r); };
-  auto fail_record = [&](const std::string& record_key, const Error& e) {
-    const std::string failed = fmt::format("{}{}", kFailed, e.what());
+  auto ready_key = [&](int r) { return fmt::format("{}/{}/ready/{}", options_.key_prefix, id, r); };
+  auto fail_record = [&](const std::string& record_key, const std::string& what) {
+    const std::string failed = fmt::format("{}{}", kFailed, what);
     try {
       store_.set(record_key, Bytes(failed.begin(), failed.end()));
     } catch (const Error&) {
@@ -58,64 +77,80 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::allocate(size_t bytes,
     }
   };
   std::shared_ptr<ShmSegment> segment;
-  if (rank_ == 0) {
+  if (rank_ == leader) {
     const std::string job = launcher_job_id(std::getenv).value;
     const std::string name = fmt::format("{}{:016x}s{}-{}-r{}", shm_job_prefix(job),
                                          options_.group_id, id, ::getpid(), rank_);
     try {
       segment = std::make_shared<ShmSegment>(ShmSegment::create(name, layout.total));
     } catch (const Error& e) {
-      if (size_ > 1) fail_record(key, e);
+      if (local_size > 1) fail_record(key, e.what());
+      if (across) fail_record(ready_key(rank_), e.what());
       throw error(e.code(), fmt::format("symmetric buffer #{} of {} bytes per rank: {}", id, bytes,
                                         e.what()));
     }
     auto* header = reinterpret_cast<SymmetricHeader*>(segment->data());
-    header->ranks = static_cast<uint64_t>(size_);
+    header->ranks = static_cast<uint64_t>(local_size);
     header->block_bytes = bytes;
     header->stride = layout.stride;
     header->magic = collectives::kSymmetricMagic;
-    if (size_ > 1) {
+    if (local_size > 1) {
       store_.set(key, Bytes(name.begin(), name.end()));
       std::vector<std::string> keys;
-      for (int r = 1; r < size_; ++r) keys.push_back(opened_key(r));
+      for (int l = 1; l < local_size; ++l) keys.push_back(opened_key(local_[l]));
       std::vector<Bytes> acks = store_.multi_get(keys, left_until(deadline));
-      for (int r = 1; r < size_; ++r) {
-        const std::string ack = text_of(acks[r - 1]);
+      for (int l = 1; l < local_size; ++l) {
+        const std::string ack = text_of(acks[l - 1]);
         if (ack.starts_with(kFailed)) {
-          throw error(ErrorCode::Io, fmt::format("rank {} could not map symmetric buffer #{}: {}",
-                                                 r, id, ack.substr(kFailed.size())));
+          const std::string what = fmt::format("rank {} could not map symmetric buffer #{}: {}",
+                                               local_[l], id, ack.substr(kFailed.size()));
+          if (across) fail_record(ready_key(rank_), what);
+          throw error(ErrorCode::Io, what);
         }
       }
-      // Every local rank has it mapped: from here on nothing can be left in /dev/shm.
-      segment->unlink();
-    } else {
-      segment->unlink();
     }
+    // Every local rank has it mapped: from here on nothing can be left in /dev/shm.
+    segment->unlink();
+    if (across) store_.set(ready_key(rank_), Bytes{'1'});
   } else {
     const std::string record = text_of(store_.multi_get({key}, left_until(deadline))[0]);
     if (record.starts_with(kFailed)) {
-      throw error(ErrorCode::Io, fmt::format("rank 0 could not create symmetric buffer #{}: {}", id,
-                                             record.substr(kFailed.size())));
+      throw error(ErrorCode::Io, fmt::format("rank {} could not create symmetric buffer #{}: {}",
+                                             leader, id, record.substr(kFailed.size())));
     }
     try {
       segment = std::make_shared<ShmSegment>(ShmSegment::open(record, layout.total));
       const auto* header = reinterpret_cast<const SymmetricHeader*>(segment->data());
       if (header->magic != collectives::kSymmetricMagic ||
-          header->ranks != static_cast<uint64_t>(size_) || header->block_bytes != bytes) {
+          header->ranks != static_cast<uint64_t>(local_size) || header->block_bytes != bytes) {
         throw error(ErrorCode::InvalidArgument,
                     fmt::format("symmetric buffer #{} \"{}\" holds {} blocks of {} bytes; this "
                                 "rank asked for {} of {} (ranks disagree about the allocation)",
-                                id, record, header->ranks, header->block_bytes, size_, bytes));
+                                id, record, header->ranks, header->block_bytes, local_size, bytes));
       }
     } catch (const Error& e) {
-      fail_record(opened_key(rank_), e);
+      fail_record(opened_key(rank_), e.what());
       throw;
     }
     store_.set(opened_key(rank_), Bytes{'1'});
   }
+  if (across) {
+    // Every host's outcome: a host that failed fails the allocation everywhere.
+    std::vector<std::string> keys;
+    for (int r : leaders_) keys.push_back(ready_key(r));
+    std::vector<Bytes> ready = store_.multi_get(keys, left_until(deadline));
+    for (size_t i = 0; i < leaders_.size(); ++i) {
+      const std::string record = text_of(ready[i]);
+      if (record.starts_with(kFailed)) {
+        throw error(ErrorCode::Io,
+                    fmt::format("symmetric buffer #{}: the host of rank {} could not map it: {}",
+                                id, leaders_[i], record.substr(kFailed.size())));
+      }
+    }
+  }
   std::byte* base = segment->data();
-  auto region = std::make_shared<SymmetricRegion>(std::move(segment), base, rank_, size_, bytes, id,
-                                                  options_.group_name);
+  auto region = std::make_shared<SymmetricRegion>(std::move(segment), base, local_rank, local_size,
+                                                  bytes, id, options_.group_name, local_, size_);
   remember(region);
   return region;
 }

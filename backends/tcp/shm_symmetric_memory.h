@@ -1,15 +1,22 @@
-// backends/tcp/shm_symmetric_memory.h: symmetric buffers (collectives/symmetric_memory.h) for a
-// group whose ranks all share this host's memory, over the shared-memory transport.
+// backends/tcp/shm_symmetric_memory.h: symmetric buffers (collectives/symmetric_memory.h) over
+// the shared-memory transport, one mapping per host holding the blocks of that host's ranks.
 //
-// Allocation (collective, one store round trip): rank 0 creates one ShmSegment (shm_segment.h:
-// reserved, mapped and pre-faulted once) holding the header, the slots and every rank's block,
-// formats the header and sets "<key_prefix>/<n>" to its name (n: the group's allocation number);
-// every other rank opens and pre-faults it, checks the header and sets
-// "<key_prefix>/<n>/opened/<r>"; once all have, rank 0 unlinks the name, so nothing is left in
-// /dev/shm even if the job dies later, and the memory goes when the last rank unmaps it. A rank
-// that cannot create or open it writes "! <its error>" instead, so that the others fail at once
-// with Error(Io), not at their timeout. Names are "/weft-<job tag>-<group id>s<n>-<pid>-r0"
-// (shm_job_prefix()): the
+// In a group on one host, the *host's ranks* are the whole group; in one that spans hosts, each
+// host's ranks (the group's ranks that share its /dev/shm, Options::nodes) allocate their own
+// mapping alike, and its *leader* is the lowest of them (rank 0 below means the leader).
+//
+// Allocation (collective, one store round trip per host, one more across hosts): rank 0 creates
+// one ShmSegment (shm_segment.h: reserved, mapped and pre-faulted once) holding the header, the
+// slots and every local rank's block, formats the header and sets "<key_prefix>/<n>/<leader>" to
+// its name (n: the group's allocation number); every other local rank opens and pre-faults it,
+// checks the header and sets "<key_prefix>/<n>/<leader>/opened/<r>"; once all have, rank 0
+// unlinks the name, so nothing is left in /dev/shm even if the job dies later, and the memory
+// goes when the last rank unmaps it. A rank that cannot create or open it writes "! <its error>"
+// instead, so that the others fail at once with Error(Io), not at their timeout. Across hosts,
+// every leader then sets "<key_prefix>/<n>/ready/<leader>" ("1", or "! <error>" when its host
+// failed) and every rank waits for every host's: the allocation fails on every rank (Io naming
+// the host's leader) when it failed on one host, so no host goes on with a buffer the others
+// lack. Names are "/weft-<job tag>-<group id>s<n>-<pid>-r<leader>" (shm_job_prefix()): the
 // "-<pid>-r<rank>" end lets a launcher remove what a rank killed during allocation leaves
 // (remove_orphan_segments()), as for the transport's segments.
 //
@@ -26,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "weft/store.h"
 
@@ -40,9 +48,12 @@ class ShmSymmetricMemory final : public collectives::SymmetricMemory {
     std::string group_name = "world";
     std::string key_prefix = "weft/sym";  // unique per group in its store
     uint64_t group_id = 0;                // goes into segment names
+    // Each rank's host: the lowest rank sharing its memory (RoutedTransport's nodes). Empty: every
+    // rank on this host.
+    std::vector<int> nodes;
   };
 
-  // `shm`: the transport to every peer; null only in a group of one rank.
+  // `shm`: the transport to every peer on this host; null only when there is none.
   ShmSymmetricMemory(Store& store, int rank, int size, ShmTransport* shm, Options options);
 
   std::shared_ptr<collectives::SymmetricRegion> allocate(
@@ -59,6 +70,8 @@ class ShmSymmetricMemory final : public collectives::SymmetricMemory {
   const int size_;
   ShmTransport* const shm_;
   const Options options_;
+  std::vector<int> local_;    // the group ranks on this host, ascending (this rank among them)
+  std::vector<int> leaders_;  // the lowest rank of every host, ascending
   std::atomic<uint64_t> allocations_{0};
 };
 

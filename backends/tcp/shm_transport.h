@@ -154,8 +154,9 @@ class ShmTransport final : public collectives::Transport {
   void ring_peers();
   // Sleeps on this rank's doorbell until ready() (true) or the deadline (false), with the
   // transport's spin budget, checking the peers' liveness at least once per slice (50 ms).
-  // Throws Error(PeerLost) naming a peer found lost, Error(Aborted) after abort(). Moves no
-  // ring traffic: the caller runs it when no request is pending.
+  // Throws Error(PeerLost) naming a peer found lost, Error(Aborted) after abort(), but only while
+  // ready() is false (a peer gone after doing its part fails nothing). Moves no ring traffic: the
+  // caller runs it when no request is pending.
   bool wait_beside(const std::function<bool()>& ready, collectives::Clock::time_point deadline);
 
   // Times this rank slept on its doorbell (for tests: proves that waits block).

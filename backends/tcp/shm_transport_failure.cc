@@ -163,6 +163,10 @@ bool ShmTransport::wait_beside(const std::function<bool()>& ready, Clock::time_p
                            fmt::format("rank {} {}", lost->rank, lost->lost_reason));
     }
   };
+  // ready() first, every time: a peer that has done its part (arrived in a barrier) and then
+  // exited or hung up (it left the barrier, finished and closed its group) is no failure of this
+  // wait, and a rank that saw the barrier complete must not be told otherwise.
+  if (ready()) return true;
   check_peers(false);
   check();
   if (!bell_) return ready();
@@ -172,10 +176,10 @@ bool ShmTransport::wait_beside(const std::function<bool()>& ready, Clock::time_p
         [&] { return ready() || matcher_.aborted() || losses_ != losses; }, deadline, spin_budget_,
         [&] {
           check_peers(true);
-          check();
+          if (!ready()) check();
         });
-    check();
     if (ready()) return true;
+    check();
     if (!woken) return false;
   }
 }

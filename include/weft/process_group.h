@@ -246,10 +246,11 @@ class ProcessGroup {
   // (at the same offset on every rank) run zero-copy. Collective over the group: every rank calls
   // it with the same `bytes`, in the same order as the group's other allocations; it is not
   // numbered as a collective and may overlap the group's running collectives. Blocks up to the
-  // group's timeout. Error(Unsupported) naming the reason when the group's cpu backend has no
-  // shared memory between all its ranks (a rank on another host, WEFT_SHM=0, a plugin backend);
-  // Error(Io) when the memory cannot be made (a full /dev/shm). REQUIRES: not concurrent with
-  // destroy().
+  // group's timeout. In a group that spans hosts, each host maps its own ranks' blocks and those
+  // four collectives run hierarchically (zero-copy inside each host; hosts of equal size only).
+  // Error(Unsupported) naming the reason when the group's cpu backend has no shared memory
+  // (WEFT_SHM=0, a plugin backend); Error(Io) when the memory cannot be made on some host (a full
+  // /dev/shm). REQUIRES: not concurrent with destroy().
   std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t bytes);
 
   // ---- Sub-groups. Collective over this group: every rank calls them, in the same order.

@@ -7,10 +7,11 @@
 //   pg->all_reduce(grad)->wait();                           // zero-copy: peers read it in place
 //
 // A SymmetricBuffer holds size() bytes on every rank of the group that made it. Every rank's bytes
-// lie in one mapping per host (one block per rank), so each rank can read and write its peers'
-// blocks directly. A collective whose tensors all lie in symmetric buffers of its group, at the
-// same offset on every rank, runs zero-copy (docs/symmetric-memory.md): each rank reduces or copies
-// its share straight between the blocks, with a barrier in shared memory before and after.
+// lie in one mapping per host (one block per rank of that host), so each rank can read and write
+// its local peers' blocks directly. A collective whose tensors all lie in symmetric buffers of its
+// group, at the same offset on every rank, runs zero-copy (docs/symmetric-memory.md): each rank
+// reduces or copies its share straight between the blocks, with a barrier in shared memory before
+// and after; ranks on other hosts are reached over the transport between those (hierarchically).
 // Tensors anywhere else take the usual message path. Every rank must make the same choice: a
 // collective where some ranks pass symmetric tensors and others do not fails with Timeout (or
 // Desync, when the ranks pass tensors at different offsets of the same buffer).

@@ -303,9 +303,10 @@ typedef struct weft_symmetric weft_symmetric_t;
 
 /* Collective over the group (every rank calls it with the same `bytes`, in the same order as the
  * group's other allocations): allocates `bytes` on every rank and stores this rank's handle in
- * *buffer. Blocks up to the group's timeout. WEFT_ERR_UNSUPPORTED, saying why, when the group's
- * ranks do not all share this host's memory (a rank on another host, WEFT_SHM=0, a plugin
- * backend); WEFT_ERR_IO when the memory cannot be made (a full /dev/shm). */
+ * *buffer. Blocks up to the group's timeout. One mapping per host, of that host's ranks (across
+ * hosts the zero-copy collectives run hierarchically). WEFT_ERR_UNSUPPORTED, saying why, when the
+ * group has no shared memory (WEFT_SHM=0, a plugin backend); WEFT_ERR_IO when the memory cannot be
+ * made on some host (a full /dev/shm). */
 weft_result_t weft_symmetric_alloc(weft_group_t* group, size_t bytes, weft_symmetric_t** buffer);
 
 /* This rank's bytes: *data (page-aligned) and *bytes (as allocated). Either may be NULL. */

@@ -22,6 +22,16 @@ UCX backend (skipped, 77, where it is not built):
                60), naming rank 1.
   allreduce    rank 2 is killed mid-ring of a 64 MiB all_reduce across hosts: every other rank
                fails with PeerLost naming rank 2 within 10 s (WEFT_TIMEOUT 60).
+  symmetric    the allreduce case with the data in a symmetric buffer of the world (zero-copy on
+               each host, hierarchical across hosts): rank 1 is killed mid-collective, then, in
+               a second job, rank 2; every survivor fails with PeerLost naming the victim within
+               5 s (a local peer in its barrier, the others through the rail or the group's
+               failure), and no host's /dev/shm keeps the buffer.
+  symmetric_full
+               host 1's /dev/shm (24 MiB) has no room for its two ranks' 16 MiB blocks of a
+               symmetric buffer of the world, host 2's has: every rank fails allocate_symmetric
+               with Io at once (not at WEFT_TIMEOUT 60), host 2's naming host 1's leader (rank
+               0), and neither host's /dev/shm keeps a segment.
   shm          rank 1 is killed in a 64 MiB all_reduce of host 1's group (shared memory): rank 0
                fails with PeerLost naming it within 10 s; host 2's group is unharmed.
   split        rank 3 is killed while the others are in split() (before it enters): they fail
@@ -65,7 +75,10 @@ from multi_host_test import Failure, check
 
 CASES = {"rendezvous": 120, "mesh": 121, "allreduce": 122, "shm": 123, "split": 124,
          "sigstop": 125, "store_host": 126, "restart": 127, "mismatch": 128, "store_agent": 129,
-         "allreduce_ucx": 130, "sigstop_ucx": 131, "store_agent_ucx": 132}
+         "allreduce_ucx": 130, "sigstop_ucx": 131, "store_agent_ucx": 132, "symmetric": 133,
+         "symmetric_full": 134}
+# The /dev/shm size of some hosts, per case (netns-hosts' NETNS_HOSTS_SHM_SIZE; default 2g).
+SHM_SIZES = {"symmetric_full": {1: "24M"}}
 # Variables every rank gets on top of the case's: the *_ucx cases run their case over the UCX
 # backend (the module's folder from WEFT_TEST_UCX_DIR, as meson passes it).
 BACKEND_ENV = {}
@@ -124,7 +137,7 @@ class Job:
     """The hosts of one case and the ranks running on them. Events from every host arrive in
     one queue; wait_for() reads them up to a deadline and keeps them all for messages."""
 
-    def __init__(self, set_no, nhosts=2):
+    def __init__(self, set_no, nhosts=2, shm_sizes=None):
         self.set_no = set_no
         self.events = queue.Queue()
         self.seen = []  # (time, host, event)
@@ -134,9 +147,12 @@ class Job:
         self.agents = []
         hosts.netns("up", set_no, nhosts)
         for h in range(1, nhosts + 1):
+            env = dict(os.environ)
+            if (shm_sizes or {}).get(h):
+                env["NETNS_HOSTS_SHM_SIZE"] = shm_sizes[h]
             p = subprocess.Popen([hosts.NETNS, "exec", str(set_no), str(h), sys.executable,
                                   os.path.abspath(__file__), "agent"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
             self.agents.append(p)
             threading.Thread(target=self._read, args=(h, p), daemon=True).start()
 
@@ -362,6 +378,30 @@ def case_allreduce(job, set_no):
     finish_job(job, name)
 
 
+def case_symmetric(job, set_no):
+    for n, victim in enumerate((1, 2)):
+        name = job_id("sym", n)
+        launch(job, set_no, name, ["symmetric", "--mib", "64", "--iterations", "6"],
+               port_of(set_no, n))
+        t = kill_when(job, name, victim, [(r, "^iteration 1 ok") for r in range(4)] +
+                      [(victim, "^iteration 2 start")])
+        survivors = [r for r in range(4) if r != victim]
+        expect_failures(job, name, survivors, t, "PeerLost",
+                        [r"all_reduce #\d+", rf"rank {victim}\b"], 5)
+        finish_job(job, name)
+
+
+def case_symmetric_full(job, set_no):
+    name = job_id("symfull")
+    launch(job, set_no, name, ["symmetric", "--mib", "16", "--iterations", "1"], port_of(set_no))
+    ready = [job.wait_line(name, r, "^phase ready", 60)[0] for r in range(4)]
+    expect_failures(job, name, [0, 1], max(ready), "Io",
+                    [r"allocate_symmetric", r"symmetric buffer #0"], 5)
+    expect_failures(job, name, [2, 3], max(ready), "Io",
+                    [r"allocate_symmetric", r"the host of rank 0 could not map it"], 5)
+    finish_job(job, name)
+
+
 def case_shm(job, set_no):
     name = job_id("shm")
     launch(job, set_no, name, ["host", "--mib", "64", "--iterations", "6"], port_of(set_no))
@@ -542,7 +582,7 @@ def main():
         BACKEND_ENV.update({"WEFT_BACKEND": "ucx", "WEFT_PLUGIN_PATH": ucx_dir})
         case = case[:-len("_ucx")]
     try:
-        job = Job(set_no)
+        job = Job(set_no, shm_sizes=SHM_SIZES.get(case))
         globals()[f"case_{case}"](job, set_no)
         running = [key for key in job.pids if key not in job.exits]
         check(not running, f"ranks still running at the end: {running}")

@@ -5,6 +5,8 @@
 //
 // MODE says what the job does after init_process_group() (env://, torchrun's variables):
 //   allreduce  N all_reduces of M MiB of float32 over the world (TCP between hosts)
+//   symmetric  the same with the data in a symmetric buffer of the world (zero-copy on each host,
+//              hierarchically across hosts: docs/symmetric-memory.md)
 //   host       split() by host, then N all_reduces of M MiB on the host's group (shared memory)
 //   split      N rounds of split() into evens and odds, then new_group() of the world backwards,
 //              each new group checked by one all_reduce and destroyed
@@ -23,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,7 @@
 
 #include "weft/error.h"
 #include "weft/process_group.h"
+#include "weft/symmetric_buffer.h"
 #include "weft/work.h"
 
 namespace {
@@ -48,7 +52,8 @@ void say(const std::string& line) {
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
-               "fault_worker: %s\nusage: fault_worker allreduce|host|split [--iterations N] "
+               "fault_worker: %s\nusage: fault_worker allreduce|symmetric|host|split "
+               "[--iterations N] "
                "[--mib M]\n",
                why);
   std::exit(2);
@@ -59,7 +64,8 @@ Args parse(int argc, char** argv) {
   Args args;
   args.mode = argv[1];
   if (const char* hold = std::getenv("FAULT_WORKER_HOLD")) args.hold = hold;
-  if (args.mode != "allreduce" && args.mode != "host" && args.mode != "split") {
+  if (args.mode != "allreduce" && args.mode != "symmetric" && args.mode != "host" &&
+      args.mode != "split") {
     usage("unknown mode");
   }
   for (int i = 2; i < argc; i += 2) {
@@ -85,7 +91,7 @@ void hold_if(const Args& args, const std::string& phase) {
 
 // Rank r of `group` contributes (r + 1) * (iteration + 1) + i % 7 at index i: the sum over P
 // ranks is (iteration + 1) * P (P + 1) / 2 + P * (i % 7), exact in float32 for these sizes.
-void checked_all_reduce(weft::ProcessGroup& group, std::vector<float>& data, int iteration) {
+void checked_all_reduce(weft::ProcessGroup& group, std::span<float> data, int iteration) {
   const int rank = group.rank();
   const int size = group.size();
   for (size_t i = 0; i < data.size(); ++i) {
@@ -103,8 +109,15 @@ void checked_all_reduce(weft::ProcessGroup& group, std::vector<float>& data, int
   }
 }
 
-void run_all_reduces(weft::ProcessGroup& group, const Args& args) {
-  std::vector<float> data(args.mib * 1024 * 1024 / sizeof(float));
+void run_all_reduces(weft::ProcessGroup& group, const Args& args, bool symmetric = false) {
+  const size_t count = args.mib * 1024 * 1024 / sizeof(float);
+  std::vector<float> memory(symmetric ? 0 : count);
+  std::shared_ptr<weft::SymmetricBuffer> buffer;
+  std::span<float> data(memory);
+  if (symmetric) {
+    buffer = group.allocate_symmetric(count * sizeof(float));
+    data = std::span<float>(static_cast<float*>(buffer->data()), count);
+  }
   for (int it = 0; it < args.iterations; ++it) {
     say(fmt::format("iteration {} start", it));
     checked_all_reduce(group, data, it);
@@ -150,8 +163,8 @@ int main(int argc, char** argv) {
     hold_if(args, "rendezvous");
     auto world = weft::init_process_group();
     say(fmt::format("phase ready rank {}/{}", world->rank(), world->size()));
-    if (args.mode == "allreduce") {
-      run_all_reduces(*world, args);
+    if (args.mode == "allreduce" || args.mode == "symmetric") {
+      run_all_reduces(*world, args, args.mode == "symmetric");
     } else if (args.mode == "host") {
       auto host = split_by_host(*world);
       say(fmt::format("phase host group {}/{}", host->rank(), host->size()));

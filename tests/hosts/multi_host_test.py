@@ -23,6 +23,14 @@ CASE is one of:
                messages; broadcasts whose flat tree crosses hosts more than H-1 times), and with
                WEFT_ALGO=hierarchical everything; the conformance suite with
                WEFT_ALGO=hierarchical on 2 x 2.
+  symmetric    symmetric buffers across hosts (docs/symmetric-memory.md): tests/hosts/
+               symmetric_check on 2 x 2, 3 x 2 and 2 x 1 ranks (all_reduce, reduce_scatter,
+               all_gather in and out of place, broadcast from every root, float32 sum, int32 max
+               and sum, 0 to 1.2 MB, off the 8-byte grid; each checked element by element, and
+               the flight recorder shows every one ran zero-copy hierarchically, a reduce not),
+               on hosts of 2 and 1 ranks (the message path), then the conformance suite with
+               every tensor in a symmetric buffer (WEFT_TEST_SYMMETRIC=1) on 2 x 2; no host's
+               /dev/shm keeps a segment.
   ucx          2 hosts x 2 ranks over the UCX backend (WEFT_BACKEND=ucx), with UCX's own
                choice of transports and with UCX_TLS=tcp: the conformance suite and weft-perf.
                Skipped (77) where the UCX module is not built.
@@ -74,7 +82,7 @@ def set_id(case):
     # One subnet per case, so that cases run in parallel without sharing names.
     return {"weftrun": 201, "torchrun": 202, "ifname": 203, "loopback": 204, "token": 205,
             "soak": 180, "mpirun": 181, "mpirun_uneven": 182, "hierarchical": 206,
-            "ucx": 207}[case]
+            "ucx": 207, "symmetric": 208}[case]
 
 
 def python_command():
@@ -641,6 +649,81 @@ def case_hierarchical(build, set_no):
         print(f"ok: {what}")
 
 
+ZERO_COPY_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+def check_symmetric_traces(text, ranks, hierarchical, what):
+    """Every rank's flight recorder (the files symmetric_check names): each all_reduce,
+    reduce_scatter, all_gather and broadcast that moved data ran "symmetric_hierarchical" (or,
+    on uneven hosts, did not), and the reduce did not."""
+    import re
+    paths = re.findall(r"^\[\d+\] trace (\S+)$|^trace (\S+)$", text, re.M)
+    paths = sorted({a or b for a, b in paths})
+    check(len(paths) == ranks, f"{what}: {len(paths)} trace files named, not {ranks}:\n{text}")
+    for path in paths:
+        with open(path) as f:
+            dump = json.load(f)
+        entries = [e for g in dump["groups"] if g["name"] == "world" for e in g["entries"]]
+        moved = [e for e in entries if e["op"] in ZERO_COPY_OPS and
+                 max(e["count_in"], e["count_out"]) > 0]
+        check(len(moved) > 50, f"{what}: {path} lists only {len(moved)} collectives")
+        for e in moved:
+            ran = e["algorithm"] == "symmetric_hierarchical"
+            check(ran == hierarchical,
+                  f"{what}: {path}: {e['op']} #{e['seq']} ran {e['algorithm']!r}")
+        for e in entries:
+            check(e["op"] != "reduce" or not e["algorithm"].startswith("symmetric"),
+                  f"{what}: {path}: reduce #{e['seq']} ran {e['algorithm']!r}")
+
+
+def case_symmetric(build, set_no):
+    """Symmetric buffers on groups that span hosts (docs/symmetric-memory.md): symmetric_check on
+    2 x 2, 3 x 2 and 2 x 1 (zero-copy hierarchical, per the recorder) and on hosts of 2 and 1
+    ranks (the message path, tensors in symmetric memory), then the conformance suite with every
+    tensor in a symmetric buffer on 2 x 2. Nothing may be left in any host's /dev/shm."""
+    import tempfile
+    netns("up", set_no, 3)
+    master = f"10.77.{set_no}.1"
+    worker = os.path.join(build, "tests", "hosts", "symmetric_check")
+    conformance = os.path.join(build, "tests", "conformance", "conformance_test")
+    families = "[all_reduce],[all_gather],[reduce_scatter],[broadcast],[reduce],[all_to_all]"
+    runs = [([2, 2], [worker]), ([2, 2, 2], [worker]), ([1, 1], [worker]), ([2, 1], [worker]),
+            ([2, 2], [conformance, families])]
+    for port, (layout, program) in enumerate(runs, start=29630):
+        with tempfile.TemporaryDirectory() as trace_dir:
+            procs = []
+            for h, envs in enumerate(layout_env(layout, master, port)):
+                for e in envs:
+                    e.update({"WEFT_TEST_LAUNCHER": "env", "WEFT_TRACE_DIR": trace_dir,
+                              "WEFT_JOB_ID": JOB_ID})
+                    if program[0] == conformance:
+                        e["WEFT_TEST_SYMMETRIC"] = "1"
+                spec = {"cmd": program, "ranks": [{"env": e} for e in envs], "stream": True}
+                procs.append(start_host(set_no, h + 1, spec))
+            results = []
+            for p in procs:
+                out, err = p.communicate(timeout=300)
+                lines = out.strip().splitlines()
+                left = next((json.loads(line[len("SHM-LEFT: "):]) for line in lines
+                             if line.startswith("SHM-LEFT: ")), None)
+                check(left == [], f"a host's /dev/shm keeps {left} after {layout}:\n{out}{err}")
+                try:
+                    ranks = json.loads(lines[-1])
+                except (ValueError, IndexError):
+                    ranks = [{"rc": p.returncode, "out": out + err}]
+                results.append((p.returncode, ranks))
+            text = all_output(results)
+            what = f"{os.path.basename(program[0])} on hosts of {layout} ranks"
+            check(all(rc == 0 for rc, _ in results), f"{what} failed:\n{text}")
+            if program[0] == conformance:
+                check_conformance_ran(text, 6, what)
+            else:
+                oks = text.count("symmetric check ok")
+                check(oks == sum(layout), f"{what}: {oks} ranks said ok:\n{text}")
+                check_symmetric_traces(text, sum(layout), len(set(layout)) == 1, what)
+        print(f"ok: {what}")
+
+
 def case_shm_apart(build):
     perf = os.path.join(build, "benchmarks", "weft-perf")
     args = [perf, "all", "-b", "8", "-e", "1M", "-f", "16", "-n", "2", "-w", "1", "-c", "1"]
@@ -692,7 +775,8 @@ def main():
             {"weftrun": case_weftrun, "torchrun": case_torchrun, "ifname": case_ifname,
              "loopback": case_loopback, "token": case_token, "soak": case_soak,
              "mpirun": case_mpirun, "mpirun_uneven": case_mpirun_uneven,
-             "hierarchical": case_hierarchical, "ucx": case_ucx}[case](build, set_no)
+             "hierarchical": case_hierarchical, "ucx": case_ucx,
+             "symmetric": case_symmetric}[case](build, set_no)
         finally:
             netns("down", set_no)
         nothing_left(set_no)

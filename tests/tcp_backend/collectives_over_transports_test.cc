@@ -26,6 +26,7 @@
 #include "collectives/pairwise.h"
 #include "collectives/recursive_doubling.h"
 #include "collectives/ring.h"
+#include "collectives/symmetric.h"
 #include "tests/tcp_backend/tcp_test_support.h"
 
 namespace weft::tcp::test {
@@ -285,6 +286,131 @@ TEST_CASE("hierarchical collectives over two nodes of shared memory joined by TC
         std::vector<float> want_data(count);
         for (size_t i = 0; i < count; ++i) want_data[i] = value(root, i);
         check_equal(data, want_data, "hierarchical broadcast", rank);
+      }
+    });
+  }
+}
+
+TEST_CASE("zero-copy hierarchical collectives on symmetric buffers of emulated hosts",
+          "[collectives][multiproc][hierarchical][symmetric]") {
+  // Each host's ranks share one mapping (their blocks), the hosts join over TCP: 2 x 2 with hosts
+  // {0, 1} {2, 3} and round-robin {0, 2} {1, 3}, and 3 x 2 round-robin {0, 3} {1, 4} {2, 5}, so
+  // that rails are not runs of consecutive ranks. Offsets one float past a 64-byte line.
+  struct Hosts {
+    int ranks;
+    int hosts;
+    bool round_robin;
+  };
+  for (Hosts h : {Hosts{4, 2, false}, Hosts{4, 2, true}, Hosts{6, 3, true}}) {
+    TempDir dir;
+    run_ranks_ok(h.ranks, [&](int rank) {
+      const int n = h.ranks;
+      const int per_host = n / h.hosts;
+      auto host_of = [&](int r) { return h.round_robin ? r % h.hosts : r / per_host; };
+      FileStore store(dir.file("store"), n);
+      RoutedTransport::Options options;
+      options.key_prefix = "test/symmetric-hosts";
+      options.timeout = 20s;
+      options.shm_between = [&](int a, int b) { return host_of(a) == host_of(b); };
+      auto t = RoutedTransport::connect(store, rank, n, options);
+      const collectives::NodeLayout layout = collectives::node_layout(*t);
+      collectives::SymmetricMemory* memory = t->symmetric_memory();
+      RANK_CHECK(memory != nullptr, "no symmetric memory: {}", t->why_no_symmetric_memory());
+      if (memory == nullptr) return;
+      const size_t count = 300'007;  // over 1 MiB of float32, not a multiple of any slice
+      const size_t block = 50'001;
+      const size_t skew = 64 + sizeof(float);
+      const size_t bytes = 2 * (count + 64) * sizeof(float) + 4096;
+      auto region = memory->allocate(bytes, within(20s));
+      RANK_CHECK(region->ranks() == per_host && region->spans_hosts() &&
+                     region->group_rank() == rank && region->group_size() == n,
+                 "region of {} blocks, this rank's {} (rank {}/{})", region->ranks(),
+                 region->rank(), region->group_rank(), region->group_size());
+      RANK_CHECK(region->rank() == layout.local);
+      uint64_t seq = 1;
+      auto run = [&](auto body) {
+        const Context ctx{.transport = *t, .seq = seq, .deadline = within(20s)};
+        collectives::SymmetricCall call;
+        call.seq = seq++;
+        collectives::SymmetricContext sc{
+            .ctx = ctx, .memory = *memory, .anchor = *region, .call = call};
+        body(sc);
+      };
+      auto* base = static_cast<std::byte*>(region->data());
+      const size_t out_offset = (skew + count * sizeof(float) + 64) / 64 * 64 + sizeof(float);
+      auto* in = reinterpret_cast<float*>(base + skew);
+      auto* out = reinterpret_cast<float*>(base + out_offset);
+      const collectives::SymmetricOperand input{region.get(), skew};
+      const collectives::SymmetricOperand output{region.get(), out_offset};
+      std::vector<float> sum(count, 0.0f);
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < count; ++i) sum[i] += value(r, i);
+      }
+      auto got = [](const float* p, size_t k) { return std::vector<float>(p, p + k); };
+
+      for (ReduceOp op : {ReduceOp(ReduceOp::Sum), ReduceOp(ReduceOp::Avg)}) {
+        for (bool in_place : {false, true}) {
+          for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+          if (!in_place) std::fill(out, out + count, -1.0f);
+          run([&](auto& sc) {
+            collectives::symmetric_hierarchical_all_reduce(
+                sc, layout, input, in_place ? input : output, count, DType::Float32, op);
+          });
+          std::vector<float> want = sum;
+          if (op.kind == ReduceOp::Avg) {
+            for (float& w : want) w /= static_cast<float>(n);
+          }
+          check_equal(got(in_place ? in : out, count), want,
+                      in_place ? "symmetric hierarchical all_reduce in place"
+                               : "symmetric hierarchical all_reduce",
+                      rank);
+        }
+      }
+
+      // reduce_scatter: n blocks of `block` in, this rank's block out.
+      for (size_t i = 0; i < block * n; ++i) in[i] = value(rank, i);
+      std::fill(out, out + block, -1.0f);
+      run([&](auto& sc) {
+        collectives::symmetric_hierarchical_reduce_scatter(sc, layout, input, output, block,
+                                                           DType::Float32, ReduceOp::Max);
+      });
+      std::vector<float> want_max(block);
+      for (size_t i = 0; i < block; ++i) {
+        float m = value(0, rank * block + i);
+        for (int r = 1; r < n; ++r) m = std::max(m, value(r, rank * block + i));
+        want_max[i] = m;
+      }
+      check_equal(got(out, block), want_max, "symmetric hierarchical reduce_scatter max", rank);
+
+      // all_gather, out of place then in place (the input is this rank's block of the output).
+      std::vector<float> want_gathered(block * n);
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < block; ++i) want_gathered[r * block + i] = value(r, i);
+      }
+      for (bool in_place : {false, true}) {
+        std::fill(out, out + block * n, -1.0f);
+        float* mine = in_place ? out + rank * block : in;
+        for (size_t i = 0; i < block; ++i) mine[i] = value(rank, i);
+        run([&](auto& sc) {
+          collectives::symmetric_hierarchical_all_gather(
+              sc, layout, in_place ? collectives::SymmetricOperand{} : input, output, block,
+              DType::Float32);
+        });
+        check_equal(got(out, block * n), want_gathered,
+                    in_place ? "symmetric hierarchical all_gather in place"
+                             : "symmetric hierarchical all_gather",
+                    rank);
+      }
+
+      for (int root = 0; root < n; ++root) {
+        std::vector<float> source(count);
+        for (size_t i = 0; i < count; ++i) source[i] = value(root, i);
+        std::fill(out, out + count, -1.0f);
+        run([&](auto& sc) {
+          collectives::symmetric_hierarchical_broadcast(sc, layout, source.data(), output, count,
+                                                        DType::Float32, root);
+        });
+        check_equal(got(out, count), source, "symmetric hierarchical broadcast", rank);
       }
     });
   }
