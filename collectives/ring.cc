@@ -9,6 +9,7 @@
 
 #include "weft/error.h"
 
+#include "runtime/copy.h"
 #include "runtime/reduce.h"
 
 namespace weft::collectives {
@@ -331,7 +332,7 @@ void ring_all_gather(const Context& ctx, const void* input, void* output,
     const auto* from = static_cast<const std::byte*>(input);
     for (size_t at = 0; at < mine; at += kOverlappedCopyBytes) {
       if (at > 0) inflight.progress();
-      std::memcpy(my_block + at, from + at, std::min(kOverlappedCopyBytes, mine - at));
+      copy_bytes(my_block + at, from + at, std::min(kOverlappedCopyBytes, mine - at), mine);
     }
   });
 }
