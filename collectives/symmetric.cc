@@ -18,6 +18,7 @@
 #include "collectives/recursive_doubling.h"
 #include "collectives/ring.h"
 #include "collectives/sub_transport.h"
+#include "runtime/copy.h"
 #include "runtime/reduce.h"
 
 namespace weft::collectives {
@@ -195,7 +196,8 @@ void symmetric_all_reduce(const SymmetricContext& c, SymmetricOperand input,
     const size_t at = first * element;
     std::byte* acc = scratch.data();
     reduce_piece(input, at, n, ranks, dtype, op, acc, acc + piece * element);
-    for (int p = 0; p < ranks; ++p) std::memcpy(output.at(p) + at, acc, n * element);
+    for (int p = 0; p < ranks; ++p)
+      copy_bytes(output.at(p) + at, acc, n * element, count * element);
   }
   symmetric_barrier(c, false, "leave");
 }
@@ -267,7 +269,7 @@ void symmetric_all_gather(const SymmetricContext& c, SymmetricOperand input,
     const std::byte* src =
         input.region != nullptr ? input.at(p) : output.at(p) + static_cast<size_t>(p) * bytes;
     std::byte* dst = out + static_cast<size_t>(p) * bytes;
-    if (src != dst && bytes > 0) std::memcpy(dst, src, bytes);
+    if (src != dst && bytes > 0) copy_bytes(dst, src, bytes, bytes * ranks);
   }
   symmetric_barrier(c, false, "leave");
 }
@@ -280,7 +282,7 @@ void symmetric_broadcast(const SymmetricContext& c, const void* input, Symmetric
     std::memcpy(output.at(rank), input, bytes);  // before peers may read it (enter)
   }
   symmetric_barrier(c, true, "enter");
-  if (rank != root && bytes > 0) std::memcpy(output.at(rank), output.at(root), bytes);
+  if (rank != root && bytes > 0) copy_bytes(output.at(rank), output.at(root), bytes);
   symmetric_barrier(c, false, "leave");
 }
 
