@@ -76,6 +76,14 @@ void copy_unless_same(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes > 0) copy_bytes(dst, src, bytes);
 }
 
+void run_phase(std::string_view where, std::string_view name, const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{} {}: {}", where, name, e.what()));
+  }
+}
+
 Inflight::~Inflight() {
   // Only reached with requests left after an exception: cancel them (a past deadline) so that
   // the transport lets go of our buffers; their own errors are secondary to the one in flight.

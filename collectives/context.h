@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <span>
@@ -84,6 +85,10 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 
 // Copies `bytes` from src to dst unless they are the same address (in-place use).
 void copy_unless_same(void* dst, const void* src, size_t bytes);
+
+// Runs one phase of a composed algorithm (hierarchical, symmetric across hosts): an Error from
+// `body` gets "<where> <name>: " in front of its message, its code kept.
+void run_phase(std::string_view where, std::string_view name, const std::function<void()>& body);
 
 // `bytes` of scratch memory for the algorithm running on ctx, 64-byte aligned or better, held
 // until this object dies: a lease on ctx.scratch when the group has a pool, else an allocation

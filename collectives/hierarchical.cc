@@ -85,15 +85,7 @@ int binomial_tree_cross_node_edges(const NodeLayout& layout, int root) {
 
 namespace {
 
-// Runs one phase, adding its name to an error's message (the code is kept).
-template <typename Body>
-void phase(std::string_view where, std::string_view name, Body body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    throw Error(e.code(), fmt::format("{} {}: {}", where, name, e.what()));
-  }
-}
+using detail::run_phase;
 
 std::string describe(std::string_view op, const NodeLayout& layout) {
   return fmt::format("hierarchical {} ({} nodes x {} ranks)", op, layout.node_count(),
@@ -159,13 +151,13 @@ void hierarchical_all_reduce(const Context& ctx, const NodeLayout& layout, const
   const ReduceOp later = summing(op);
   const auto& node_ranks = layout.nodes[static_cast<size_t>(layout.node)];
 
-  phase(where, "node reduce-scatter", [&] {
+  run_phase(where, "node reduce-scatter", [&] {
     SubTransport node(ctx.transport, node_ranks, 0);
     const Context inner{node, ctx.seq, ctx.deadline, ctx.scratch};
     ring_reduce_scatter(inner, input, shard, shard_counts, dtype,
                         op.kind == ReduceOp::Avg ? ReduceOp(ReduceOp::Sum) : op);
   });
-  phase(where, "inter-node all_reduce", [&] {
+  run_phase(where, "inter-node all_reduce", [&] {
     SubTransport rail(ctx.transport, layout.rail(layout.local), 0);
     const Context inner{rail, ctx.seq, ctx.deadline, ctx.scratch};
     const Algorithm algorithm =
@@ -179,7 +171,7 @@ void hierarchical_all_reduce(const Context& ctx, const NodeLayout& layout, const
     }
   });
   reduce::finalize(shard, shard_count, dtype, op, ctx.transport.size());
-  phase(where, "node all-gather", [&] {
+  run_phase(where, "node all-gather", [&] {
     // Steps in phases 2 and 3: the node reduce-scatter paired the same ranks in phase 0.
     SubTransport node(ctx.transport, node_ranks, phase_step(2));
     const Context inner{node, ctx.seq, ctx.deadline, ctx.scratch};
@@ -233,7 +225,7 @@ void hierarchical_reduce_scatter(const Context& ctx, const NodeLayout& layout, c
   }
   const ReduceOp later = summing(op);
 
-  phase(where, "node reduce-scatter", [&] {
+  run_phase(where, "node reduce-scatter", [&] {
     // Every local peer gets its rail's blocks straight from the input, all sent at once; the
     // peers' blocks for this rail are reduced in as they arrive, one peer after another in a
     // fixed order, so that the sum's order (and bits) do not depend on timing.
@@ -259,7 +251,7 @@ void hierarchical_reduce_scatter(const Context& ctx, const NodeLayout& layout, c
     }
     inflight.wait_all("", per_node - 2, per_node - 1);
   });
-  phase(where, "inter-node reduce-scatter", [&] {
+  run_phase(where, "inter-node reduce-scatter", [&] {
     SubTransport rail(ctx.transport, layout.rail(layout.local), 0);
     const Context inner{rail, ctx.seq, ctx.deadline, ctx.scratch};
     ring_reduce_scatter(inner, rail_sum.data(), output, rail_counts, dtype, later);
@@ -293,7 +285,7 @@ void hierarchical_all_gather(const Context& ctx, const NodeLayout& layout, const
     return out + static_cast<size_t>(layout.nodes[static_cast<size_t>(n)][static_cast<size_t>(l)]) *
                      block;
   };
-  phase(where, "inter-node all-gather", [&] {
+  run_phase(where, "inter-node all-gather", [&] {
     SubTransport rail(ctx.transport, layout.rail(layout.local), 0);
     const Context inner{rail, ctx.seq, ctx.deadline, ctx.scratch};
     detail::Inflight inflight(inner, "direct all-gather");
@@ -306,7 +298,7 @@ void hierarchical_all_gather(const Context& ctx, const NodeLayout& layout, const
     }
     inflight.wait_all("", 0, 1);
   });
-  phase(where, "node all-gather", [&] {
+  run_phase(where, "node all-gather", [&] {
     SubTransport node(ctx.transport, layout.nodes[static_cast<size_t>(layout.node)], 0);
     const Context inner{node, ctx.seq, ctx.deadline, ctx.scratch};
     detail::Inflight inflight(inner, "direct all-gather");
@@ -339,7 +331,7 @@ void hierarchical_broadcast(const Context& ctx, const NodeLayout& layout, void* 
   }
   const int my_leader = leaders[static_cast<size_t>(layout.node)];
   if (my_leader == ctx.transport.rank() && layout.node_count() > 1) {
-    phase(where, "between node leaders", [&] {
+    run_phase(where, "between node leaders", [&] {
       SubTransport between(ctx.transport, leaders, 0);
       const Context inner{between, ctx.seq, ctx.deadline, ctx.scratch};
       binomial_broadcast(inner, data, bytes, root_node);
@@ -347,7 +339,7 @@ void hierarchical_broadcast(const Context& ctx, const NodeLayout& layout, void* 
   }
   const auto& node_ranks = layout.nodes[static_cast<size_t>(layout.node)];
   if (node_ranks.size() > 1) {
-    phase(where, "inside the node", [&] {
+    run_phase(where, "inside the node", [&] {
       SubTransport node(ctx.transport, node_ranks, phase_step(1));
       const Context inner{node, ctx.seq, ctx.deadline, ctx.scratch};
       const auto leader_index =

@@ -73,16 +73,7 @@ void reduce_piece(const SymmetricOperand& input, size_t at, size_t n, int ranks,
   if (finalise) reduce::finalize(acc, n, dtype, op, ranks);
 }
 
-// Runs one phase of a hierarchical algorithm, adding its name to an error's message (the code is
-// kept), as hierarchical.cc does.
-template <typename Body>
-void phase(const std::string& where, std::string_view name, Body body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    throw Error(e.code(), fmt::format("{} {}: {}", where, name, e.what()));
-  }
-}
+using detail::run_phase;
 
 std::string describe(std::string_view op, const NodeLayout& layout) {
   return fmt::format("symmetric hierarchical {} ({} hosts x {} ranks)", op, layout.node_count(),
@@ -354,8 +345,8 @@ void symmetric_hierarchical_all_reduce(const SymmetricContext& c, const NodeLayo
   //    number of ranks on each), so a rail whose slice is empty skips alike.
   const size_t shard_count = end - begin;
   if (shard_count > 0) {
-    phase(where, "inter-host all_reduce",
-          [&] { rail_all_reduce(c.ctx, layout, shard, shard_count, dtype, summing(op)); });
+    run_phase(where, "inter-host all_reduce",
+              [&] { rail_all_reduce(c.ctx, layout, shard, shard_count, dtype, summing(op)); });
     reduce::finalize(shard, shard_count, dtype, op, c.ctx.transport.size());
   }
   // 3. The slice into every local peer's output: slice `local` of any output is this rank's alone
@@ -401,7 +392,7 @@ void symmetric_hierarchical_reduce_scatter(const SymmetricContext& c, const Node
   //    place, the output is this rank's block of its own input, which only this rank reads
   //    (its rail), and has read by then.
   if (count > 0) {
-    phase(where, "inter-host reduce-scatter", [&] {
+    run_phase(where, "inter-host reduce-scatter", [&] {
       SubTransport rail(c.ctx.transport, layout.rail(local), 0);
       const Context inner{rail, c.ctx.seq, c.ctx.deadline, c.ctx.scratch};
       ring_reduce_scatter(inner, rail_sum.data(), output.at(local), count, dtype, summing(op));
@@ -430,7 +421,7 @@ void symmetric_hierarchical_all_gather(const SymmetricContext& c, const NodeLayo
   if (bytes > 0) {
     // 1. Along the rail: this rank's block to the same local index on every other host, theirs
     //    straight into their places in this rank's output.
-    phase(where, "inter-host all-gather", [&] {
+    run_phase(where, "inter-host all-gather", [&] {
       SubTransport rail(c.ctx.transport, layout.rail(local), 0);
       const Context inner{rail, c.ctx.seq, c.ctx.deadline, c.ctx.scratch};
       detail::Inflight inflight(inner, "direct all-gather");
@@ -481,7 +472,7 @@ void symmetric_hierarchical_broadcast(const SymmetricContext& c, const NodeLayou
     std::memcpy(slice, output.at(root_local) + at, n);
   }
   if (n > 0) {
-    phase(where, "inter-host broadcast", [&] {
+    run_phase(where, "inter-host broadcast", [&] {
       SubTransport rail(c.ctx.transport, layout.rail(local), 0);
       const Context inner{rail, c.ctx.seq, c.ctx.deadline, c.ctx.scratch};
       binomial_broadcast(inner, slice, n, root_host);
