@@ -187,8 +187,9 @@ void symmetric_all_reduce(const SymmetricContext& c, SymmetricOperand input,
     const size_t at = first * element;
     std::byte* acc = scratch.data();
     reduce_piece(input, at, n, ranks, dtype, op, acc, acc + piece * element);
-    for (int p = 0; p < ranks; ++p)
-      copy_bytes(output.at(p) + at, acc, n * element, count * element);
+    // memcpy, not the streaming copy: in place, these lines were just read by reduce_piece and
+    // are in cache (streamed, 16 MiB on 2 ranks went from 10.8 to 8.1 GB/s busbw).
+    for (int p = 0; p < ranks; ++p) std::memcpy(output.at(p) + at, acc, n * element);
   }
   symmetric_barrier(c, false, "leave");
 }
