@@ -9,8 +9,6 @@
 
 #include "weft/error.h"
 
-#include "runtime/copy.h"
-
 namespace weft::collectives::detail {
 
 Scratch::Scratch(const Context& ctx, size_t bytes) : bytes_(bytes) {
@@ -73,7 +71,7 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 }
 
 void copy_unless_same(void* dst, const void* src, size_t bytes) {
-  if (dst != src && bytes > 0) copy_bytes(dst, src, bytes);
+  if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
 }
 
 void run_phase(std::string_view where, std::string_view name, const std::function<void()>& body) {

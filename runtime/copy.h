@@ -1,12 +1,13 @@
-// runtime/copy.h: the local copies collectives make (a rank's own block into its output, an
-// input into an out-of-place output).
+// runtime/copy.h: the large local copies collectives make whose destination nothing reads next (a
+// rank's own block into an all_gather's or gather's output).
 //
 // A copy much larger than the caches gains nothing from leaving its destination in them: it is
 // evicted before anyone reads it, and each of its cache lines was first read from memory only to
 // be overwritten (the store's "read for ownership"). Such copies use non-temporal stores, which
 // write around the caches: 16 GB/s instead of memcpy's 10-11 GB/s for 8 MiB here (AMD EPYC VM),
 // which is what an out-of-place all_gather's local copy costs while the transfers need the same
-// memory bus. Smaller copies are memcpy, which keeps their destination hot for what follows.
+// memory bus. Smaller copies are memcpy, which keeps their destination hot for what follows; so
+// is any copy whose destination is read next (a working buffer), whatever its size.
 #pragma once
 
 #include <cstddef>
