@@ -133,7 +133,12 @@ void Inflight::wait(Request request, std::string_view phase, int step, int steps
 }
 
 void Inflight::progress() {
-  if (!posted_.empty()) ctx_.transport.test(Request{posted_.back()});
+  if (posted_.empty()) return;
+  try {
+    ctx_.transport.test(Request{posted_.back()});
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}", algorithm_, e.what()));
+  }
 }
 
 void Inflight::wait_all(std::string_view phase, int step, int steps) {
