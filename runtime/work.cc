@@ -194,6 +194,11 @@ void Work::wait_until(Clock::time_point deadline, std::chrono::milliseconds wait
   if (error) std::rethrow_exception(error);
 }
 
+void Work::wait_quietly_until(Clock::time_point deadline) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  completed_cv_.wait_until(lock, deadline, [this] { return state_ != State::Pending; });
+}
+
 void Work::on_complete(Callback callback) {
   WEFT_CHECK(callback != nullptr, "on_complete needs a callable");
   {
@@ -305,6 +310,24 @@ void wait_all(std::span<const std::shared_ptr<Work>> works, std::chrono::millise
                             timeout.count()));
   }
   const auto start = Clock::now();
+  // Host Works of one group complete in issue order (one progress thread runs them): waiting for
+  // the last one first costs the caller one wake-up, not one per Work, and its wait helper may
+  // run the deferred small collectives queued ahead of it on this thread. The loop below then
+  // finds them complete and reports the first error in list order, as before.
+  const auto same_queue = [&] {
+    for (const auto& work : works) {
+      if (work->device_expected_ || work->context_.group != works.back()->context_.group) {
+        return false;
+      }
+    }
+    return true;
+  };
+  if (works.size() > 1 && !works.back()->is_completed() && same_queue()) {
+    const Work& last = *works.back();
+    auto resolved = timeout == Work::kDefaultTimeout ? last.timeout() : timeout;
+    if (last.wait_helper_ && resolved >= last.timeout()) last.wait_helper_();
+    last.wait_quietly_until(deadline_after(start, resolved));
+  }
   for (const auto& work : works) {
     auto resolved = timeout == Work::kDefaultTimeout ? work->timeout() : timeout;
     if (work->wait_helper_ && resolved >= work->timeout() && !work->is_completed()) {

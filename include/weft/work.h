@@ -220,6 +220,8 @@ class Work {
   // `waited` as the time waited. Shared by wait() and wait_all().
   void wait_until(std::chrono::steady_clock::time_point deadline,
                   std::chrono::milliseconds waited) const;
+  // Blocks until completion or `deadline`, whichever comes first; throws nothing.
+  void wait_quietly_until(std::chrono::steady_clock::time_point deadline) const;
   // Moves to `state` and runs the callbacks. REQUIRES: state != Pending. With `if_pending`,
   // returns false (and does nothing) when the Work has already completed.
   bool finish(State state, std::exception_ptr error, bool if_pending = false);
@@ -257,6 +259,9 @@ class Work {
 // timeout from now. Throws the first error met in list order (a failed Work's error, or
 // Error(Timeout) naming the first Work still pending at the deadline); Works after it are left
 // as they are. Throws Error(InvalidArgument) for a null entry or a bad timeout.
+// When every Work is a host Work of one group (their collectives complete in issue order), it
+// first waits for the last one, which costs the caller one wake-up instead of one per Work; an
+// error of an earlier Work is then reported once the last has completed (or at the deadline).
 void wait_all(std::span<const std::shared_ptr<Work>> works,
               std::chrono::milliseconds timeout = Work::kDefaultTimeout);
 
