@@ -10,7 +10,7 @@
 namespace weft::collectives {
 namespace {
 
-constexpr std::array<std::pair<Algorithm, std::string_view>, 10> kAlgorithmNames = {{
+constexpr std::array<std::pair<Algorithm, std::string_view>, 11> kAlgorithmNames = {{
     {Algorithm::Auto, "auto"},
     {Algorithm::Ring, "ring"},
     {Algorithm::RecursiveDoubling, "recursive_doubling"},
@@ -21,6 +21,7 @@ constexpr std::array<std::pair<Algorithm, std::string_view>, 10> kAlgorithmNames
     {Algorithm::Dissemination, "dissemination"},
     {Algorithm::HalvingDoubling, "halving_doubling"},
     {Algorithm::Hierarchical, "hierarchical"},
+    {Algorithm::Slots, "slots"},
 }};
 
 size_t small_message_bytes(Link link) {
@@ -82,6 +83,10 @@ bool supports(Op op, Algorithm algorithm) {
   if (algorithm == Algorithm::Hierarchical) {
     return op == Op::AllReduce || op == Op::ReduceScatter || op == Op::AllGather ||
            op == Op::Broadcast;
+  }
+  if (algorithm == Algorithm::Slots) {
+    return op == Op::AllReduce || op == Op::Reduce || op == Op::AllGather ||
+           op == Op::ReduceScatter || op == Op::Broadcast || op == Op::Barrier;
   }
   switch (op) {
     case Op::AllReduce:
@@ -169,7 +174,7 @@ Algorithm choose(Op op, size_t bytes, int world_size, Link link, std::string_vie
         fmt::format("unknown algorithm \"{}\" (WEFT_ALGO takes one of: {})", forced, names));
   }
   if (*algorithm == Algorithm::Auto || *algorithm == Algorithm::Hierarchical ||
-      !supports(op, *algorithm)) {
+      *algorithm == Algorithm::Slots || !supports(op, *algorithm)) {
     return choose(op, bytes, world_size, link);
   }
   return *algorithm;

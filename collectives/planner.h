@@ -70,6 +70,9 @@ enum class Algorithm : uint8_t {
   HalvingDoubling,    // "halving_doubling": halving_doubling.h
   Hierarchical,       // "hierarchical": hierarchical.h (all_reduce, reduce_scatter, all_gather,
                       // broadcast on groups that span nodes; chosen by use_hierarchical())
+  Slots,              // "slots": slot_collectives.h (small all_reduce, reduce, all_gather,
+                      // reduce_scatter, broadcast and barrier on a group on one host, when its
+                      // transport offers shared slots; chosen by the dispatch, not by choose())
 };
 
 // Crossovers (bytes) from the model above; assumptions until measured.

@@ -51,6 +51,7 @@
 namespace weft::collectives {
 
 class SymmetricMemory;  // symmetric_memory.h
+class SharedSlots;      // shared_slots.h
 
 using Clock = std::chrono::steady_clock;
 
@@ -121,6 +122,11 @@ class Transport {
   virtual std::string why_no_symmetric_memory() const {
     return "its transport has no memory shared between the ranks";
   }
+
+  // One slot per rank that every rank of the group maps, with a group-wide barrier, for small
+  // collectives (shared_slots.h). Null unless every rank of the group shares this rank's memory.
+  // The transport owns it; it lives as long as the transport.
+  virtual SharedSlots* shared_slots() { return nullptr; }
 };
 
 }  // namespace weft::collectives

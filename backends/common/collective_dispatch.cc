@@ -17,6 +17,7 @@
 #include "collectives/pairwise.h"
 #include "collectives/recursive_doubling.h"
 #include "collectives/ring.h"
+#include "collectives/slot_collectives.h"
 #include "runtime/flight_recorder.h"
 
 namespace weft::backends {
@@ -29,6 +30,64 @@ namespace {
 
 bool all_equal(const std::vector<size_t>& counts) {
   return std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
+}
+
+// Runs `c` through the transport's shared slots when it is one of their kinds and fits; false
+// when it is not (the caller takes the message path). Decided from the call alone, so alike on
+// every rank of a correct program.
+bool run_in_slots(const Collective& c, const collectives::Context& ctx,
+                  collectives::SharedSlots& slots, DType dtype) {
+  using collectives::slots_fit;
+  const int size = ctx.transport.size();
+  auto note = [&] { note_algorithm(c.trace, collectives::algorithm_name(Algorithm::Slots)); };
+  switch (c.kind) {
+    case CollectiveKind::AllReduce:
+      if (!slots_fit(slots, Op::AllReduce, c.inputs[0].nbytes())) return false;
+      note();
+      collectives::slot_all_reduce(ctx, slots, c.inputs[0].data, c.outputs[0].data,
+                                   c.inputs[0].count, dtype, c.op);
+      return true;
+    case CollectiveKind::Reduce:
+      if (!slots_fit(slots, Op::Reduce, c.inputs[0].nbytes())) return false;
+      note();
+      collectives::slot_reduce(ctx, slots, c.inputs[0].data,
+                               ctx.transport.rank() == c.root ? c.outputs.at(0).data : nullptr,
+                               c.inputs[0].count, dtype, c.op, c.root);
+      return true;
+    case CollectiveKind::Broadcast: {
+      const Tensor& data = c.outputs[0];
+      if (!slots_fit(slots, Op::Broadcast, data.nbytes())) return false;
+      note();
+      if (ctx.transport.rank() == c.root && c.inputs[0].data != data.data && data.count > 0) {
+        std::memcpy(data.data, c.inputs[0].data, data.nbytes());
+      }
+      collectives::slot_broadcast(ctx, slots, data.data, data.nbytes(), c.root);
+      return true;
+    }
+    case CollectiveKind::AllGather: {
+      if (!all_equal(c.counts)) return false;
+      const size_t count = c.counts.empty() ? 0 : c.counts[0];
+      if (!slots_fit(slots, Op::AllGather, count * dtype_size(dtype))) return false;
+      note();
+      collectives::slot_all_gather(ctx, slots, c.inputs[0].data, c.outputs[0].data, count, dtype);
+      return true;
+    }
+    case CollectiveKind::ReduceScatter: {
+      if (!all_equal(c.counts)) return false;
+      const size_t count = c.counts.empty() ? 0 : c.counts[0];
+      if (!slots_fit(slots, Op::ReduceScatter, count * size * dtype_size(dtype))) return false;
+      note();
+      collectives::slot_reduce_scatter(ctx, slots, c.inputs[0].data, c.outputs[0].data, count,
+                                       dtype, c.op);
+      return true;
+    }
+    case CollectiveKind::Barrier:
+      note();
+      collectives::slot_barrier(ctx, slots);
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -55,6 +114,13 @@ void run_collective(const Collective& c, const collectives::Context& ctx,
   const DType dtype = !c.inputs.empty()    ? c.inputs[0].dtype
                       : !c.outputs.empty() ? c.outputs[0].dtype
                                            : DType::Float32;
+  // A group on one host whose transport offers shared slots runs small collectives through them,
+  // unless an algorithm other than "slots" is forced.
+  if (collectives::SharedSlots* slots = ctx.transport.shared_slots();
+      slots != nullptr && (forced.empty() || forced == "auto" || forced == "slots") &&
+      run_in_slots(c, ctx, *slots, dtype)) {
+    return;
+  }
 
   switch (c.kind) {
     case CollectiveKind::AllReduce: {

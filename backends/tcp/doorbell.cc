@@ -28,6 +28,37 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 
 }  // namespace
 
+namespace detail {
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::nanoseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  // Returns 0 when woken, or -1 with EAGAIN (the word moved before the call), ETIMEDOUT or EINTR:
+  // in every case the caller re-checks its condition and deadline.
+  if (futex(word, FUTEX_WAIT, seen, &ts) < 0) {
+    int err = errno;
+    WEFT_CHECK(err == EAGAIN || err == ETIMEDOUT || err == EINTR, "FUTEX_WAIT failed");
+  }
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  if (futex(word, FUTEX_WAKE, INT_MAX, nullptr) < 0) {
+    // FUTEX_WAKE fails only on a bad address, which would be a bug in the mapping's user.
+    WEFT_CHECK(false, "FUTEX_WAKE failed");
+  }
+}
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace detail
+
 Doorbell Doorbell::create(void* memory) {
   if (reinterpret_cast<uintptr_t>(memory) % kAlignment != 0) {
     throw_error(ErrorCode::InvalidArgument, "doorbell create",
@@ -62,10 +93,7 @@ void Doorbell::ring() {
   // acquire pairs with W2's release: the waiter's W1 happens before R4, so it read an older word.
   if (state_->sleeping.exchange(0, std::memory_order_acq_rel) == 0) return;  // another woke it
   state_->word.fetch_add(1, std::memory_order_relaxed);                      // R4
-  if (futex(&state_->word, FUTEX_WAKE, INT_MAX, nullptr) < 0) {
-    // FUTEX_WAKE fails only on a bad address, which would be a bug in the mapping's user.
-    WEFT_CHECK(false, "FUTEX_WAKE failed");
-  }
+  detail::futex_wake_all(&state_->word);
 }
 
 bool Doorbell::has_sleeper() const { return state_->sleeping.load(std::memory_order_acquire) != 0; }
@@ -80,27 +108,12 @@ uint32_t Doorbell::announce_sleep() {
 void Doorbell::cancel_sleep() { state_->sleeping.store(0, std::memory_order_relaxed); }
 
 void Doorbell::sleep(uint32_t seen, std::chrono::nanoseconds timeout) {
-  timespec ts{};
-  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
-  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
   ++sleeps_;
-  // W4. Returns 0 when woken, or -1 with EAGAIN (the word moved: a ringer came between W1 and
-  // here), ETIMEDOUT or EINTR: in every case the caller re-checks its condition and deadline.
-  if (futex(&state_->word, FUTEX_WAIT, seen, &ts) < 0) {
-    int err = errno;
-    WEFT_CHECK(err == EAGAIN || err == ETIMEDOUT || err == EINTR, "FUTEX_WAIT failed");
-  }
+  // W4: a word moved since W1 (a ringer came between) returns at once.
+  detail::futex_wait(&state_->word, seen, timeout);
   cancel_sleep();  // W5
 }
 
 void Doorbell::yield_core() { sched_yield(); }
-
-void Doorbell::cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 }  // namespace weft::tcp

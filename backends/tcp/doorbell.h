@@ -57,6 +57,14 @@ struct alignas(64) DoorbellState {
   uint32_t magic;
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// The futex calls on a word in memory shared between processes (not FUTEX_PRIVATE), for the
+// doorbell and for other waits on shared words (shm_slots.h). futex_wait() returns when woken,
+// when the word is not `seen` (at once), at the timeout, or on a signal: the caller re-checks.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::nanoseconds timeout);
+void futex_wake_all(std::atomic<uint32_t>* word);
+// A pause instruction for spin loops.
+void cpu_relax();
 }  // namespace detail
 
 // spin_budget_for() is shared with every transport's wait loop (backends/common/transport_util.h).
@@ -112,7 +120,6 @@ class Doorbell {
   // W4 + W5, at most `timeout` long.
   void sleep(uint32_t seen, std::chrono::nanoseconds timeout);
   void cancel_sleep();
-  static void cpu_relax();
   static void yield_core();
 
   detail::DoorbellState* state_;
@@ -128,7 +135,7 @@ bool Doorbell::wait(Ready&& ready, Clock::time_point deadline, std::chrono::nano
   if (spin_budget.count() > 0) {
     Clock::time_point spin_end = std::min(deadline, Clock::now() + spin_budget);
     for (uint32_t i = 1;; ++i) {
-      cpu_relax();
+      detail::cpu_relax();
       if (ready()) return true;
       // Reading the clock costs about as much as a ready(): check it every few rounds only.
       if (i % 16 == 0 && Clock::now() >= spin_end) break;

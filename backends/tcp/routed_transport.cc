@@ -86,6 +86,7 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
     shm_options.key_prefix = options.key_prefix + "/shm";
     shm_options.group_id = group_id;
     shm_options.timeout = options.timeout;
+    shm_options.slot_bytes = config().shm_slot_bytes;
     shm = std::make_unique<ShmTransport>(store, rank, size, std::move(control), shm_options);
   }
   std::unique_ptr<TcpTransport> tcp;

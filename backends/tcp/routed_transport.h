@@ -87,6 +87,10 @@ class RoutedTransport final : public collectives::Transport {
   // Symmetric buffers: one mapping per host of that host's ranks, whenever shared memory is on.
   collectives::SymmetricMemory* symmetric_memory() override { return symmetric_.get(); }
   std::string why_no_symmetric_memory() const override { return no_symmetric_; }
+  // The shared-memory transport's slots when it serves every peer (the group is on one host).
+  collectives::SharedSlots* shared_slots() override {
+    return shm_ && !tcp_ ? shm_->shared_slots() : nullptr;
+  }
 
  private:
   enum Side : uint64_t { kTcp = 0, kShm = 1 };

@@ -75,8 +75,13 @@ constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;  // as TcpTransport: la
 
 size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }
 size_t page_align(size_t n) { return (n + 4095) / 4096 * 4096; }
-size_t ring_offset(size_t index, size_t capacity) {
-  return page_align(Doorbell::kFootprint) + index * page_align(ShmRing::footprint(capacity));
+// [doorbell][slot area, when slots are on][ring 0][ring 1]...
+size_t slot_area_bytes(size_t slot_bytes) {
+  return slot_bytes > 0 ? ShmSlots::footprint(slot_bytes) : 0;
+}
+size_t ring_offset(size_t index, size_t capacity, size_t slot_bytes) {
+  return page_align(Doorbell::kFootprint) + slot_area_bytes(slot_bytes) +
+         index * page_align(ShmRing::footprint(capacity));
 }
 
 MessageMatcher::Options matcher_options(const ShmTransport::Options& options) {
@@ -115,6 +120,10 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   using namespace std::chrono;
   const milliseconds timeout = options_.timeout.count() > 0 ? options_.timeout : config().timeout;
   const size_t capacity = options_.ring_bytes;
+  const size_t slot_bytes = options_.slot_bytes;
+  auto ring_offset = [&](size_t index, size_t ring) {
+    return tcp::ring_offset(index, ring, slot_bytes);
+  };
   std::vector<int> senders;
   peers_.resize(matcher_.size());
   for (int r = 0; r < matcher_.size(); ++r) {
@@ -157,7 +166,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   bell_ = Doorbell::create(segment_->data());
   // Oversubscribed (no spinning): yield the core to the rank we wait for before sleeping.
   if (spin_budget_.count() == 0) bell_->set_yield_rounds(kOversubscribedYieldRounds);
-  std::string record = fmt::format("{} {} {} {} ", name, capacity, ::getpid(),
+  std::string record = fmt::format("{} {} {} {} {} ", name, capacity, slot_bytes, ::getpid(),
                                    reinterpret_cast<uintptr_t>(&kProbeWord));
   for (size_t i = 0; i < senders.size(); ++i) {
     std::byte* at = segment_->data() + ring_offset(i, capacity);
@@ -184,9 +193,9 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     }
     std::istringstream in(text);
     std::string peer_name, list;
-    size_t peer_capacity = 0;
+    size_t peer_capacity = 0, peer_slot_bytes = 0;
     uint64_t peer_probe = 0;
-    in >> peer_name >> peer_capacity >> peer.pid >> peer_probe >> list;
+    in >> peer_name >> peer_capacity >> peer_slot_bytes >> peer.pid >> peer_probe >> list;
     probes[i] = peer_probe;
     std::vector<int> peer_senders;
     std::istringstream items(list);
@@ -209,6 +218,13 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
           fmt::format("rank {} publishes rings of {} bytes from ranks [{}]; this rank "
                       "uses {} and expects to be among them (asymmetric routing?)",
                       peer.rank, peer_capacity, list, capacity));
+    }
+    if (peer_slot_bytes != slot_bytes) {
+      throw matcher_.error(
+          ErrorCode::InvalidArgument, "shm transport",
+          fmt::format("rank {} uses shared slots of {} bytes, this rank {} (WEFT_SHM_SLOT_BYTES "
+                      "must be the same on every rank)",
+                      peer.rank, peer_slot_bytes, slot_bytes));
     }
     peer.segment = ShmSegment::open(peer_name, ring_offset(peer_senders.size(), capacity));
     peer.bell = Doorbell::attach(peer.segment->data());
@@ -237,6 +253,30 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     peers_[senders[i]]->single_copy = acked[i].size() == 2 && acked[i][1] == 1;
   }
   segment_->unlink();
+
+  // 4. The shared slots, when every other rank of the group is on this host.
+  if (slot_bytes > 0 && senders.size() + 1 == static_cast<size_t>(matcher_.size())) {
+    const size_t at = page_align(Doorbell::kFootprint);
+    std::vector<std::byte*> areas;
+    for (int r = 0; r < matcher_.size(); ++r) {
+      areas.push_back((r == matcher_.rank() ? segment_->data() : peers_[r]->segment->data()) + at);
+    }
+    ShmSlots::Hooks hooks;
+    hooks.progress = [this] {
+      progress();
+      absorb_single_copy();
+    };
+    hooks.check = [this] {
+      check_peers(true);
+      fail_if_broken();
+    };
+    hooks.error = [this](ErrorCode code, const std::string& detail) {
+      return matcher_.error(code, "shm slots", detail);
+    };
+    slots_ = std::make_unique<ShmSlots>(std::move(areas), matcher_.rank(), slot_bytes, spin_budget_,
+                                        spin_budget_.count() == 0 ? kOversubscribedYieldRounds : 0,
+                                        std::move(hooks));
+  }
 }
 
 bool ShmTransport::serves(int peer) const {

@@ -83,6 +83,7 @@
 #include "backends/common/message_matcher.h"
 #include "backends/tcp/doorbell.h"
 #include "backends/tcp/shm_segment.h"
+#include "backends/tcp/shm_slots.h"
 #include "collectives/transport.h"
 #include "runtime/socket.h"
 
@@ -113,6 +114,11 @@ class ShmTransport final : public collectives::Transport {
     // Messages of at least this many bytes go by single copy (see Single copy above) to peers
     // that can read this process's memory; 0: never.
     size_t single_copy_bytes = 64 * 1024;
+    // Bytes per slot of the shared slots for small collectives (shm_slots.h), offered when this
+    // transport serves every other rank of the group (the group is on one host); 0: none. Every
+    // rank must pass the same value (set-up fails with InvalidArgument naming the one that
+    // differs).
+    size_t slot_bytes = 16384;
   };
 
   // Connects to the peers whose entry in `control` is a valid socket (indexed by rank; this
@@ -162,6 +168,10 @@ class ShmTransport final : public collectives::Transport {
   // Times this rank slept on its doorbell (for tests: proves that waits block).
   uint64_t sleeps() const { return bell_ ? bell_->sleeps() : 0; }
 
+  // The shared slots for small collectives, when every other rank of the group is served here
+  // and Options::slot_bytes > 0; else null. Owned by the transport.
+  collectives::SharedSlots* shared_slots() override { return slots_.get(); }
+
  private:
   using Op = backends::Op;
   using Peer = detail::ShmPeer;
@@ -191,6 +201,9 @@ class ShmTransport final : public collectives::Transport {
   bool absorb_single_copy();
   void withdraw(Op& op);
   void handle_abort();
+  // Throws Error(Aborted) after abort(), Error(PeerLost) naming a lost peer (preferring one that
+  // died to one that hung up because it broke on that death).
+  void fail_if_broken();
 
   const Options options_;
   backends::MessageMatcher matcher_;          // requests, matching, unexpected messages' buffers
@@ -198,6 +211,7 @@ class ShmTransport final : public collectives::Transport {
   std::optional<ShmSegment> segment_;         // this rank's: its doorbell and incoming rings
   std::optional<Doorbell> bell_;
   std::chrono::nanoseconds spin_budget_{0};
+  std::unique_ptr<ShmSlots> slots_;
   backends::PooledBuffer staging_;  // recv_reduce of single-copy messages: read a piece, reduce it
   collectives::Clock::time_point next_liveness_check_{};
   uint64_t losses_ = 0;  // peers lost so far: wakes idle()

@@ -146,23 +146,25 @@ void ShmTransport::ring_peers() {
   }
 }
 
+void ShmTransport::fail_if_broken() {
+  if (matcher_.aborted()) {
+    handle_abort();
+    throw matcher_.error(ErrorCode::Aborted, "shm wait", "the transport was aborted");
+  }
+  // A peer that died is the news; one that hung up because it broke on that death is not.
+  const Peer* lost = nullptr;
+  for (auto& peer : peers_) {
+    if (!peer || !peer->lost) continue;
+    if (!lost || lost->lost_reason == backends::MessageMatcher::kPeerAborted) lost = peer.get();
+  }
+  if (lost) {
+    throw matcher_.error(ErrorCode::PeerLost, "shm wait",
+                         fmt::format("rank {} {}", lost->rank, lost->lost_reason));
+  }
+}
+
 bool ShmTransport::wait_beside(const std::function<bool()>& ready, Clock::time_point deadline) {
-  auto check = [&] {
-    if (matcher_.aborted()) {
-      handle_abort();
-      throw matcher_.error(ErrorCode::Aborted, "shm wait", "the transport was aborted");
-    }
-    // A peer that died is the news; one that hung up because it broke on that death is not.
-    const Peer* lost = nullptr;
-    for (auto& peer : peers_) {
-      if (!peer || !peer->lost) continue;
-      if (!lost || lost->lost_reason == backends::MessageMatcher::kPeerAborted) lost = peer.get();
-    }
-    if (lost) {
-      throw matcher_.error(ErrorCode::PeerLost, "shm wait",
-                           fmt::format("rank {} {}", lost->rank, lost->lost_reason));
-    }
-  };
+  auto check = [&] { fail_if_broken(); };
   // ready() first, every time: a peer that has done its part (arrived in a barrier) and then
   // exited or hung up (it left the barrier, finished and closed its group) is no failure of this
   // wait, and a rank that saw the barrier complete must not be told otherwise.

@@ -125,6 +125,14 @@ TEST_CASE("a malformed value raises InvalidArgument naming the variable and the 
   }
   CHECK(parse({{"WEFT_SPIN_US", "auto"}}).spin_us == -1);
   CHECK(parse({{"WEFT_SPIN_US", "0"}}).spin_us == 0);
+  for (const char* bad : {"-1", "16K", "1048577", " 5", "lots"}) {
+    CHECK_THAT(parse_error({{"WEFT_SHM_SLOT_BYTES", bad}}),
+               Catch::Contains(fmt::format("WEFT_SHM_SLOT_BYTES=\"{}\"", bad)) &&
+                   Catch::Contains("bytes from 0 (off) to 1048576"));
+  }
+  CHECK(parse({}).shm_slot_bytes == 16384);
+  CHECK(parse({{"WEFT_SHM_SLOT_BYTES", "0"}}).shm_slot_bytes == 0);
+  CHECK(parse({{"WEFT_SHM_SLOT_BYTES", "1048576"}}).shm_slot_bytes == 1048576);
 }
 
 TEST_CASE("WEFT_TIMEOUT below 1 s is refused naming the variable and the minimum",

@@ -92,9 +92,14 @@ void dtype_mismatch(const std::string& shm) {
         RANK_CHECK(got.code == ErrorCode::Desync, "expected Desync, got {}: {}",
                    error_code_name(got.code), got.message);
         check_single_prefix(got, rank, "all_reduce #2", ErrorCode::Desync);
-        RANK_CHECK(
-            got.message.find(fmt::format("rank {} sent tag 2:", 1 - rank)) != std::string::npos,
-            "the peer is not named: {}", got.message);
+        // Over shared memory the collective is small enough for the shared slots, whose barrier
+        // compares the calls; over TCP the first message's tag carries the mismatch.
+        const std::string named = shm == "1"
+                                      ? fmt::format("rank {} runs all_reduce #2 (4096 bytes of {})",
+                                                    1 - rank, rank == 0 ? "int32" : "float32")
+                                      : fmt::format("rank {} sent tag 2:", 1 - rank);
+        RANK_CHECK(got.message.find(named) != std::string::npos, "the peer is not named: {}",
+                   got.message);
         RANK_CHECK(
             got.message.find("the two ranks called this collective with different "
                              "arguments (dtype, count, reduce op or root") != std::string::npos,
