@@ -43,6 +43,9 @@ class SharedSlots {
 
   // Bytes of data each slot holds.
   virtual size_t capacity() const = 0;
+  // Whether the ranks sharing the host outnumber its cores (on any rank's count: the same answer
+  // on every rank), so that waiting ranks sleep rather than spin: slot_collectives.h plans by it.
+  virtual bool crowded() const = 0;
   // The call words and the data of rank r's slot of `parity`, as mapped in this process. Only
   // rank r writes them. A collective uses parity arrivals() & 1, taken before its barrier.
   virtual SlotCall& call(int r, int parity) = 0;

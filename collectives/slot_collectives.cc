@@ -89,14 +89,17 @@ void reduce_slots(SharedSlots& slots, int parity, int ranks, size_t at, void* ou
 }  // namespace
 
 bool slots_fit(const SharedSlots& slots, Op op, size_t slot_bytes) {
+  if (slot_bytes > slots.capacity()) return false;
   switch (op) {
     case Op::AllReduce:
-    case Op::Reduce:
     case Op::AllGather:
     case Op::ReduceScatter:
+      return slots.crowded() || slot_bytes <= kUncrowdedSlotBytes;
     case Op::Broadcast:
+    case Op::Reduce:
+      return !slots.crowded() || slot_bytes >= kCrowdedRootedSlotBytes;
     case Op::Barrier:
-      return slot_bytes <= slots.capacity();
+      return true;
     default:
       return false;
   }

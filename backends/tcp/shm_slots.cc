@@ -33,11 +33,12 @@ size_t ShmSlots::footprint(size_t capacity) {
   return (kSlotsAt + 2 * slot_stride(capacity) + 4095) / 4096 * 4096;
 }
 
-ShmSlots::ShmSlots(std::vector<std::byte*> areas, int rank, size_t capacity,
+ShmSlots::ShmSlots(std::vector<std::byte*> areas, int rank, size_t capacity, bool crowded,
                    std::chrono::nanoseconds spin, int yield_rounds, Hooks hooks)
     : areas_(std::move(areas)),
       rank_(rank),
       capacity_(capacity),
+      crowded_(crowded),
       spin_(spin),
       yield_rounds_(yield_rounds),
       hooks_(std::move(hooks)) {}

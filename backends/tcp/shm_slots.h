@@ -72,10 +72,12 @@ class ShmSlots final : public collectives::SharedSlots {
 
   // `areas[r]`: rank r's slot area as mapped here (zero-filled when made). `spin`: how long a
   // waiter spins before yielding `yield_rounds` times, then sleeping.
-  ShmSlots(std::vector<std::byte*> areas, int rank, size_t capacity, std::chrono::nanoseconds spin,
-           int yield_rounds, Hooks hooks);
+  // `crowded`: SharedSlots::crowded(), agreed by the ranks at set-up.
+  ShmSlots(std::vector<std::byte*> areas, int rank, size_t capacity, bool crowded,
+           std::chrono::nanoseconds spin, int yield_rounds, Hooks hooks);
 
   size_t capacity() const override { return capacity_; }
+  bool crowded() const override { return crowded_; }
   collectives::SlotCall& call(int r, int parity) override;
   std::byte* data(int r, int parity) override;
   uint64_t arrivals() const override { return arrived_; }
@@ -94,6 +96,7 @@ class ShmSlots final : public collectives::SharedSlots {
   const std::vector<std::byte*> areas_;
   const int rank_;
   const size_t capacity_;
+  const bool crowded_;
   const std::chrono::nanoseconds spin_;
   const int yield_rounds_;
   const Hooks hooks_;

@@ -137,6 +137,9 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
       options_.local_ranks > 0 ? options_.local_ranks : static_cast<int>(senders.size()) + 1;
   spin_budget_ =
       config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us) : spin_budget_for(local);
+  // The shared slots plan by it, so every rank must see the same: each publishes its own view and
+  // all take the union (below).
+  bool crowded = spin_budget_for(local).count() == 0;
 
   // 1. This rank's segment: doorbell, then one ring per sender, formatted before publishing.
   // Named after the job, so that a launcher can remove what a rank killed during set-up leaves,
@@ -166,8 +169,9 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   bell_ = Doorbell::create(segment_->data());
   // Oversubscribed (no spinning): yield the core to the rank we wait for before sleeping.
   if (spin_budget_.count() == 0) bell_->set_yield_rounds(kOversubscribedYieldRounds);
-  std::string record = fmt::format("{} {} {} {} {} ", name, capacity, slot_bytes, ::getpid(),
-                                   reinterpret_cast<uintptr_t>(&kProbeWord));
+  std::string record =
+      fmt::format("{} {} {} {} {} {} ", name, capacity, slot_bytes, crowded ? 1 : 0, ::getpid(),
+                  reinterpret_cast<uintptr_t>(&kProbeWord));
   for (size_t i = 0; i < senders.size(); ++i) {
     std::byte* at = segment_->data() + ring_offset(i, capacity);
     peers_[senders[i]]->in = ShmRing::create(at, ShmRing::footprint(capacity), capacity);
@@ -194,8 +198,11 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     std::istringstream in(text);
     std::string peer_name, list;
     size_t peer_capacity = 0, peer_slot_bytes = 0;
+    int peer_crowded = 0;
     uint64_t peer_probe = 0;
-    in >> peer_name >> peer_capacity >> peer_slot_bytes >> peer.pid >> peer_probe >> list;
+    in >> peer_name >> peer_capacity >> peer_slot_bytes >> peer_crowded >> peer.pid >> peer_probe >>
+        list;
+    crowded = crowded || peer_crowded != 0;
     probes[i] = peer_probe;
     std::vector<int> peer_senders;
     std::istringstream items(list);
@@ -273,9 +280,9 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     hooks.error = [this](ErrorCode code, const std::string& detail) {
       return matcher_.error(code, "shm slots", detail);
     };
-    slots_ = std::make_unique<ShmSlots>(std::move(areas), matcher_.rank(), slot_bytes, spin_budget_,
-                                        spin_budget_.count() == 0 ? kOversubscribedYieldRounds : 0,
-                                        std::move(hooks));
+    slots_ = std::make_unique<ShmSlots>(
+        std::move(areas), matcher_.rank(), slot_bytes, crowded, spin_budget_,
+        spin_budget_.count() == 0 ? kOversubscribedYieldRounds : 0, std::move(hooks));
   }
 }
 

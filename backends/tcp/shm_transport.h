@@ -118,7 +118,7 @@ class ShmTransport final : public collectives::Transport {
     // transport serves every other rank of the group (the group is on one host); 0: none. Every
     // rank must pass the same value (set-up fails with InvalidArgument naming the one that
     // differs).
-    size_t slot_bytes = 16384;
+    size_t slot_bytes = 65536;
   };
 
   // Connects to the peers whose entry in `control` is a valid socket (indexed by rank; this

@@ -39,7 +39,7 @@ struct Config {
   // WEFT_SHM_SLOT_BYTES: bytes per rank of the shared slots that small collectives use between
   // the ranks of a group on one host (collectives/shared_slots.h); 0 turns them off. At most
   // 1 MiB. Every rank of a group must use the same value.
-  size_t shm_slot_bytes = 16384;
+  size_t shm_slot_bytes = 65536;
   // WEFT_BACKEND: the backend map of a group whose options name none ("ucx", "cpu:ucx"), as
   // ProcessGroupOptions::backend. Empty: each device kind's default.
   std::string backend;

@@ -4,10 +4,58 @@
 
 #include <catch2/catch.hpp>
 
+#include "collectives/slot_collectives.h"
+
 #include "weft/error.h"
 
 namespace weft::collectives {
 namespace {
+
+// Only what slots_fit() asks: the capacity and whether the ranks are crowded.
+class FakeSlots final : public SharedSlots {
+ public:
+  FakeSlots(size_t capacity, bool crowded) : capacity_(capacity), crowded_(crowded) {}
+  size_t capacity() const override { return capacity_; }
+  bool crowded() const override { return crowded_; }
+  SlotCall& call(int, int) override { return call_; }
+  std::byte* data(int, int) override { return nullptr; }
+  uint64_t arrivals() const override { return 0; }
+  void arrive_and_wait(Clock::time_point) override {}
+
+ private:
+  size_t capacity_;
+  bool crowded_;
+  SlotCall call_;
+};
+
+TEST_CASE("small collectives take the shared slots by kind, size and crowding",
+          "[collectives][planner]") {
+  const FakeSlots crowded(65536, true), roomy(65536, false);
+  for (Op op : {Op::AllReduce, Op::AllGather, Op::ReduceScatter}) {
+    CHECK(slots_fit(crowded, op, 8));
+    CHECK(slots_fit(crowded, op, 65536));
+    CHECK_FALSE(slots_fit(crowded, op, 65537));  // past the capacity
+    CHECK(slots_fit(roomy, op, kUncrowdedSlotBytes));
+    CHECK_FALSE(slots_fit(roomy, op, kUncrowdedSlotBytes + 1));
+  }
+  for (Op op : {Op::Broadcast, Op::Reduce}) {
+    CHECK_FALSE(slots_fit(crowded, op, 8));  // the message trees need no group-wide barrier
+    CHECK(slots_fit(crowded, op, kCrowdedRootedSlotBytes));
+    CHECK(slots_fit(roomy, op, 8));
+    CHECK(slots_fit(roomy, op, 65536));
+    CHECK_FALSE(slots_fit(roomy, op, 65537));
+  }
+  CHECK(slots_fit(crowded, Op::Barrier, 0));
+  CHECK(slots_fit(roomy, Op::Barrier, 0));
+  for (Op op : {Op::Gather, Op::Scatter, Op::AllToAll, Op::AllGatherUneven}) {
+    CHECK_FALSE(slots_fit(crowded, op, 8));
+  }
+  CHECK(parse_algorithm("slots") == Algorithm::Slots);
+  CHECK(supports(Op::AllReduce, Algorithm::Slots));
+  CHECK_FALSE(supports(Op::AllToAll, Algorithm::Slots));
+  // Forcing "slots" leaves choose() to the planner: the dispatch takes the slots where they fit.
+  CHECK(choose(Op::AllReduce, 8, 4, Link::SharedMemory, "slots") == Algorithm::RecursiveDoubling);
+}
 
 TEST_CASE("planner sends small all_reduce to recursive doubling and large to the ring",
           "[collectives][planner]") {

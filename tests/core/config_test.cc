@@ -130,7 +130,7 @@ TEST_CASE("a malformed value raises InvalidArgument naming the variable and the 
                Catch::Contains(fmt::format("WEFT_SHM_SLOT_BYTES=\"{}\"", bad)) &&
                    Catch::Contains("bytes from 0 (off) to 1048576"));
   }
-  CHECK(parse({}).shm_slot_bytes == 16384);
+  CHECK(parse({}).shm_slot_bytes == 65536);
   CHECK(parse({{"WEFT_SHM_SLOT_BYTES", "0"}}).shm_slot_bytes == 0);
   CHECK(parse({{"WEFT_SHM_SLOT_BYTES", "1048576"}}).shm_slot_bytes == 1048576);
 }
