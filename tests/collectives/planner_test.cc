@@ -4,9 +4,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "collectives/slot_collectives.h"
-
 #include "weft/error.h"
+
+#include "collectives/slot_collectives.h"
 
 namespace weft::collectives {
 namespace {
