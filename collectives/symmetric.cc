@@ -239,11 +239,25 @@ void symmetric_reduce_scatter(const SymmetricContext& c, SymmetricOperand input,
   detail::Scratch scratch(c.ctx, piece * element * (reduce::needs_premultiply(op) ? 2 : 1));
   symmetric_barrier(c, true, "enter");
   const size_t block = static_cast<size_t>(rank) * count * element;
+  std::byte* out = output.at(rank);
+  // The output is this rank's alone: sum straight into it (one pass over the inputs), unless the
+  // inputs need premultiplying, or it is this rank's own input block (in place) and would be
+  // overwritten before its turn in the rank order.
+  const bool direct =
+      ranks >= 2 && !reduce::needs_premultiply(op) && (out != input.at(rank) + block || rank < 2);
   for (size_t first = 0; first < count; first += chunk) {
     const size_t n = std::min(chunk, count - first);
+    const size_t at = block + first * element;
+    std::byte* dst = out + first * element;
+    if (direct) {
+      reduce::combine(dst, input.at(0) + at, input.at(1) + at, n, dtype, op);
+      for (int p = 2; p < ranks; ++p) reduce::accumulate(dst, input.at(p) + at, n, dtype, op);
+      reduce::finalize(dst, n, dtype, op, ranks);
+      continue;
+    }
     std::byte* acc = scratch.data();
-    reduce_piece(input, block + first * element, n, ranks, dtype, op, acc, acc + piece * element);
-    std::memcpy(output.at(rank) + first * element, acc, n * element);
+    reduce_piece(input, at, n, ranks, dtype, op, acc, acc + piece * element);
+    std::memcpy(dst, acc, n * element);
   }
   symmetric_barrier(c, false, "leave");
 }

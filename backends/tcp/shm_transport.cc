@@ -120,10 +120,6 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   using namespace std::chrono;
   const milliseconds timeout = options_.timeout.count() > 0 ? options_.timeout : config().timeout;
   const size_t capacity = options_.ring_bytes;
-  const size_t slot_bytes = options_.slot_bytes;
-  auto ring_offset = [&](size_t index, size_t ring) {
-    return tcp::ring_offset(index, ring, slot_bytes);
-  };
   std::vector<int> senders;
   peers_.resize(matcher_.size());
   for (int r = 0; r < matcher_.size(); ++r) {
@@ -133,6 +129,13 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     peers_[r]->rank = r;
     peers_[r]->control = std::move(control[r]);
   }
+  // Slots only when every other rank of the group is here (the group is on one host): a group
+  // that spans hosts never uses them, so its segments do not carry them.
+  const size_t slot_bytes =
+      senders.size() + 1 == static_cast<size_t>(matcher_.size()) ? options_.slot_bytes : 0;
+  auto ring_offset = [&](size_t index, size_t ring) {
+    return tcp::ring_offset(index, ring, slot_bytes);
+  };
   const int local =
       options_.local_ranks > 0 ? options_.local_ranks : static_cast<int>(senders.size()) + 1;
   spin_budget_ =
@@ -262,7 +265,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   segment_->unlink();
 
   // 4. The shared slots, when every other rank of the group is on this host.
-  if (slot_bytes > 0 && senders.size() + 1 == static_cast<size_t>(matcher_.size())) {
+  if (slot_bytes > 0) {
     const size_t at = page_align(Doorbell::kFootprint);
     std::vector<std::byte*> areas;
     for (int r = 0; r < matcher_.size(); ++r) {
