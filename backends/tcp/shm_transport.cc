@@ -285,7 +285,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     };
     slots_ = std::make_unique<ShmSlots>(
         std::move(areas), matcher_.rank(), slot_bytes, crowded, spin_budget_,
-        spin_budget_.count() == 0 ? kOversubscribedYieldRounds : 0, std::move(hooks));
+        spin_budget_.count() == 0 ? ShmSlots::kYieldRounds : 0, std::move(hooks));
   }
 }
 
