@@ -115,6 +115,7 @@ SymmetricMemory::Found SymmetricMemory::find(const void* p, size_t bytes) {
 void SymmetricMemory::remember(const std::shared_ptr<SymmetricRegion>& region) {
   std::lock_guard<std::mutex> lock(mutex_);
   regions_.push_back(region);
+  ever_allocated_.store(true, std::memory_order_release);
 }
 
 }  // namespace weft::collectives

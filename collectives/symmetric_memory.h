@@ -182,6 +182,9 @@ class SymmetricMemory {
     size_t offset = 0;
   };
   Found find(const void* p, size_t bytes);
+  // Whether this group ever allocated a region: when not, find() finds nothing, and a caller
+  // that plans every collective skips its lock (a lock-free load).
+  bool ever_allocated() const { return ever_allocated_.load(std::memory_order_acquire); }
 
  protected:
   // Adds a region allocate() made to what find() searches.
@@ -190,6 +193,7 @@ class SymmetricMemory {
  private:
   std::mutex mutex_;
   std::vector<std::weak_ptr<SymmetricRegion>> regions_;  // guarded by mutex_
+  std::atomic<bool> ever_allocated_{false};
 };
 
 }  // namespace weft::collectives

@@ -33,7 +33,8 @@ bool equal_blocks(const std::vector<size_t>& counts) {
 std::optional<SymmetricPlan> plan_symmetric(SymmetricMemory* memory, const Collective& c,
                                             const ErrorContext& context,
                                             const collectives::NodeLayout& layout) {
-  if (memory == nullptr) return std::nullopt;
+  // No buffer allocated yet (most groups, ever): no tensor can lie in one.
+  if (memory == nullptr || !memory->ever_allocated()) return std::nullopt;
   auto find = [&](const Tensor& t) {
     try {
       return memory->find(t.data, t.nbytes());
