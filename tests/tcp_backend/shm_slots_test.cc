@@ -23,6 +23,7 @@
 #include "backends/tcp/shm_transport.h"
 #include "backends/tcp/tcp_mesh.h"
 #include "collectives/slot_collectives.h"
+#include "tests/tcp_backend/shm_transport_support.h"
 #include "tests/tcp_backend/tcp_test_support.h"
 
 namespace weft::tcp::test {
@@ -31,9 +32,7 @@ namespace {
 using collectives::Context;
 using collectives::SharedSlots;
 
-struct SlotRank {
-  std::unique_ptr<FileStore> store;
-  std::unique_ptr<ShmTransport> transport;
+struct SlotRank : ShmRank {
   SharedSlots& slots() const {
     SharedSlots* slots = transport->shared_slots();
     RANK_CHECK(slots != nullptr, "the transport offers no shared slots");
@@ -44,32 +43,9 @@ struct SlotRank {
 
 SlotRank connect_slots(const std::string& store_path, int rank, int size,
                        size_t slot_bytes = ShmTransport::Options{}.slot_bytes) {
-  SlotRank result;
-  result.store = std::make_unique<FileStore>(store_path, size);
-  TcpMeshOptions mesh_options;
-  mesh_options.key_prefix = "test/mesh";
-  mesh_options.timeout = 20s;
-  TcpMesh mesh = TcpMesh::connect(*result.store, rank, size, mesh_options);
-  ShmTransport::Options options;
-  options.key_prefix = "test/shm";
-  options.group_id = mesh.group_id();
-  options.ring_bytes = 64 * 1024;
+  ShmTransport::Options options = test_shm_options();
   options.slot_bytes = slot_bytes;
-  options.timeout = 20s;
-  result.transport =
-      std::make_unique<ShmTransport>(*result.store, rank, size, mesh.take_sockets(), options);
-  return result;
-}
-
-template <class Body>
-Error expect_error(Body&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e;
-  }
-  RANK_CHECK(false, "expected a weft::Error, got none");
-  return Error(ErrorCode::Io, "unreachable");
+  return SlotRank{connect_shm(store_path, rank, size, options)};
 }
 
 // Rank r's element i in collective k: distinct across ranks, elements and collectives.

@@ -19,51 +19,21 @@
 #include "weft/file_store.h"
 
 #include "backends/tcp/tcp_mesh.h"
+#include "tests/tcp_backend/shm_transport_support.h"
 #include "tests/tcp_backend/tcp_test_support.h"
 
 namespace weft::tcp::test {
 namespace {
 
-// Small rings: a 64 MiB message wraps 1024 times, and "ring + 1" bytes is cheap.
-constexpr size_t kRing = 64 * 1024;
-
-struct ShmRank {
-  std::unique_ptr<FileStore> store;
-  std::unique_ptr<ShmTransport> transport;
-};
-
-// Every peer over shared memory, with the mesh's connections as control sockets.
-ShmRank connect_shm(const std::string& store_path, int rank, int size, size_t ring = kRing,
-                    size_t unexpected_limit = size_t{64} << 20,
-                    size_t single_copy_bytes = ShmTransport::Options{}.single_copy_bytes) {
-  ShmRank result;
-  result.store = std::make_unique<FileStore>(store_path, size);
-  TcpMeshOptions mesh_options;
-  mesh_options.key_prefix = "test/mesh";
-  mesh_options.timeout = 20s;
-  TcpMesh mesh = TcpMesh::connect(*result.store, rank, size, mesh_options);
-  ShmTransport::Options options;
-  options.key_prefix = "test/shm";
-  options.group_id = mesh.group_id();
+// Every peer over shared memory: ring bytes, unexpected limit and single-copy threshold as given.
+ShmRank connect_sized(const std::string& store_path, int rank, int size, size_t ring,
+                      size_t unexpected_limit = size_t{64} << 20,
+                      size_t single_copy_bytes = ShmTransport::Options{}.single_copy_bytes) {
+  ShmTransport::Options options = test_shm_options();
   options.ring_bytes = ring;
   options.unexpected_limit = unexpected_limit;
   options.single_copy_bytes = single_copy_bytes;
-  options.timeout = 20s;
-  result.transport =
-      std::make_unique<ShmTransport>(*result.store, rank, size, mesh.take_sockets(), options);
-  return result;
-}
-
-// Runs `body` and returns the weft::Error it throws (RANK_CHECK fails if it throws none).
-template <class Body>
-Error expect_error(Body&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e;
-  }
-  RANK_CHECK(false, "expected a weft::Error, got none");
-  return Error(ErrorCode::Io, "unreachable");
+  return connect_shm(store_path, rank, size, options);
 }
 
 TEST_CASE("shm transport delivers 0 B, 1 B, ring+1 B and 64 MiB messages intact on 2, 3, 4 ranks",
@@ -183,7 +153,7 @@ TEST_CASE(
     "[shm][multiproc]") {
   TempDir dir;
   run_ranks_ok(2, [&](int rank) {
-    ShmRank r = connect_shm(dir.file("store"), rank, 2, kRing, 4096);
+    ShmRank r = connect_sized(dir.file("store"), rank, 2, kRing, 4096);
     ShmTransport& t = *r.transport;
     const std::vector<size_t> sizes = {100, 8192, 1};
     if (rank == 0) {
@@ -303,8 +273,8 @@ TEST_CASE("killing a rank mid-transfer fails the others with PeerLost within 5 s
   TempDir dir;
   auto results = run_ranks(3, [&](int rank) {
     // Streamed through the ring (no single copy), so that the message is cut off mid-transfer.
-    ShmRank r = connect_shm(dir.file("store"), rank, 3, kRing, size_t{64} << 20,
-                            /*single_copy_bytes=*/0);
+    ShmRank r = connect_sized(dir.file("store"), rank, 3, kRing, size_t{64} << 20,
+                              /*single_copy_bytes=*/0);
     ShmTransport& t = *r.transport;
     std::vector<uint8_t> buffer(size_t{8} << 20);
     if (rank == 2) {
