@@ -64,6 +64,36 @@ TEST_CASE("process group: all_reduce on 4 ranks, async, in issue order", "[proce
   });
 }
 
+TEST_CASE("process group: a large send still completes while its receiver is in a small collective",
+          "[process_group]") {
+  // Rank 0 sends 8 MiB, then all_reduces 8 bytes; rank 1 all_reduces first, then receives. Each
+  // group runs its calls in issue order, so rank 0's send must finish (its data taken from it)
+  // while rank 1 waits in the small all_reduce: a wait that moved no messages (the shared-slot
+  // barrier, one host) would hold both until the timeout.
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(2, [&](int rank) {
+    auto pg = join(port, rank, 2);
+    std::vector<float> big(size_t{2} << 20);
+    float small = static_cast<float>(rank + 1);
+    const auto start = std::chrono::steady_clock::now();
+    if (rank == 0) {
+      for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 977);
+      auto sent = pg->send(Tensor::of(big.data(), big.size()), 1);
+      pg->all_reduce(Tensor::of(&small, 1))->wait();
+      sent->wait();
+    } else {
+      pg->all_reduce(Tensor::of(&small, 1))->wait();
+      pg->recv(Tensor::of(big.data(), big.size()), 0)->wait();
+      for (size_t i = 0; i < big.size(); ++i) {
+        RANK_CHECK(big[i] == static_cast<float>(i % 977), "element {}: {}", i, big[i]);
+      }
+    }
+    RANK_CHECK(small == 3.0f, "all_reduce gave {}", small);
+    const auto took = std::chrono::steady_clock::now() - start;
+    RANK_CHECK(took < seconds(5), "took {} ms", took / std::chrono::milliseconds(1));
+  });
+}
+
 TEST_CASE("process group: sub-groups by new_group and split, used concurrently",
           "[process_group]") {
   const uint16_t port = test::free_port();
