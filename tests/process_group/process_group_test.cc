@@ -64,14 +64,15 @@ TEST_CASE("process group: all_reduce on 4 ranks, async, in issue order", "[proce
   });
 }
 
-TEST_CASE("process group: a large send still completes while its receiver is in a small collective",
+TEST_CASE("process group: large sends still complete while their receiver is in a small collective",
           "[process_group]") {
-  // Rank 0 sends 8 MiB, then all_reduces 8 bytes; rank 1 all_reduces first, then receives. Each
-  // group runs its calls in issue order, so rank 0's send must finish (its data taken from it)
-  // while rank 1 waits in the small all_reduce: a wait that moved no messages (the shared-slot
-  // barrier, one host) would hold both until the timeout.
+  // Rank 0 sends two 8 MiB messages with one tag, then all_reduces 8 bytes; rank 1 all_reduces
+  // first, then receives both (the second from any source). Each group runs its calls in issue
+  // order, so rank 0's sends must finish (their data taken from it) while rank 1 waits in the
+  // small all_reduce: a wait that moved no messages (the shared-slot barrier, one host) would
+  // hold both until the timeout. The two messages must still arrive in the order they were sent.
   if (backend_under_test() == "ucx") {
-    // UCX leaves a rendezvous message with its sender until a receive is posted: the send cannot
+    // UCX leaves a rendezvous message with its sender until a receive is posted: the sends cannot
     // finish, and the two ranks wait for each other until the timeout (docs/ucx.md, "Limits").
     WARN("skipped on the ucx backend: a large send cannot complete before its receive is posted");
     return;
@@ -79,24 +80,36 @@ TEST_CASE("process group: a large send still completes while its receiver is in 
   const uint16_t port = test::free_port();
   test::run_ranks_ok(2, [&](int rank) {
     auto pg = join(port, rank, 2);
-    std::vector<float> big(size_t{2} << 20);
+    const size_t n = size_t{2} << 20;
+    std::vector<float> first(n), second(n);
     float small = static_cast<float>(rank + 1);
     const auto start = std::chrono::steady_clock::now();
     if (rank == 0) {
-      for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 977);
-      auto sent = pg->send(Tensor::of(big.data(), big.size()), 1);
+      for (size_t i = 0; i < n; ++i) {
+        first[i] = static_cast<float>(i % 977);
+        second[i] = static_cast<float>(i % 991) + 0.5f;
+      }
+      auto one = pg->send(Tensor::of(first.data(), n), 1, 7);
+      auto two = pg->send(Tensor::of(second.data(), n), 1, 7);
       pg->all_reduce(Tensor::of(&small, 1))->wait();
-      sent->wait();
+      one->wait();
+      two->wait();
     } else {
       pg->all_reduce(Tensor::of(&small, 1))->wait();
-      pg->recv(Tensor::of(big.data(), big.size()), 0)->wait();
-      for (size_t i = 0; i < big.size(); ++i) {
-        RANK_CHECK(big[i] == static_cast<float>(i % 977), "element {}: {}", i, big[i]);
+      pg->recv(Tensor::of(first.data(), n), 0, 7)->wait();
+      auto any = pg->recv_any(Tensor::of(second.data(), n), 7);
+      any->wait();
+      RANK_CHECK(any->source_rank() == 0, "recv_any names rank {}", any->source_rank());
+      for (size_t i = 0; i < n; ++i) {
+        RANK_CHECK(first[i] == static_cast<float>(i % 977), "first, element {}: {}", i, first[i]);
+        RANK_CHECK(second[i] == static_cast<float>(i % 991) + 0.5f, "second, element {}: {}", i,
+                   second[i]);
       }
     }
     RANK_CHECK(small == 3.0f, "all_reduce gave {}", small);
     const auto took = std::chrono::steady_clock::now() - start;
     RANK_CHECK(took < seconds(5), "took {} ms", took / std::chrono::milliseconds(1));
+    pg->barrier()->wait();  // rank 0 stays until rank 1 has both messages
   });
 }
 
