@@ -45,6 +45,10 @@ constexpr uint64_t kHeaderClass = 1;
 constexpr uint64_t kPieceClass = 2;
 // The hang-up message's tag: all ones, whose class (3) is no data message's.
 constexpr uint64_t kHangupTag = ~uint64_t{0};
+// Unexpected messages (ucx_transport.h): how long a wait finds nothing to do before it takes them,
+// and the most bytes held taken at once.
+constexpr std::chrono::milliseconds kAbsorbAfter{100};
+constexpr size_t kAbsorbLimit = size_t{256} << 20;
 constexpr size_t kHangupBytes = 512;
 // Messages of at least kPiecedFrom bytes travel as a header and pieces of piece_bytes() each:
 // a receive-and-reduce combines each piece as it lands, while the next ones are in transfer.
@@ -217,7 +221,7 @@ void release(Piece& piece, void* request) {
   UcxTransport::Op& op = *piece.op;
   piece.done = true;
   piece.request = nullptr;
-  ucp_request_free(request);
+  if (request != nullptr) ucp_request_free(request);  // null: an absorption was delivered
   if (--op.outstanding == 0 && op.reported) op.transport->note_released(op.id);
 }
 
@@ -289,6 +293,15 @@ static void weft_ucx_recv_done(void* request, ucs_status_t status, const ucp_tag
     }
   }
   release(piece, request);
+}
+
+static void weft_ucx_absorbed(void* request, ucs_status_t status, const ucp_tag_recv_info_t*,
+                              void* user_data) {
+  auto& absorption = *static_cast<UcxTransport::Absorption*>(user_data);
+  absorption.done = true;
+  absorption.status = static_cast<int>(status);
+  if (request != nullptr) ucp_request_free(request);
+  absorption.transport->note_absorbed(absorption);  // may free `absorption`: nothing after
 }
 
 static void weft_ucx_hangup_landed(void* request, ucs_status_t status,
@@ -590,6 +603,7 @@ void UcxTransport::post_piece(Op& op, Piece& piece, uint64_t ucp_tag, uint64_t t
       return;
     }
   } else {
+    if (take_absorbed(piece, ucp_tag, tag_mask)) return;  // taken earlier: see ucx_transport.h
     // Never complete in place: the callback says what landed (it may run before this returns).
     param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     param.cb.recv = weft_ucx_recv_done;
@@ -615,6 +629,98 @@ void UcxTransport::cancel_receives(Op& op) {
   for (Piece& piece : op.pieces) {
     if (piece.request != nullptr) ucp_request_cancel(worker_, piece.request);
   }
+  // A piece bound to an absorption still landing: the absorption goes back to the list (UCX keeps
+  // a message whose receive was cancelled), and the piece is let go of.
+  for (auto& absorption : absorbed_) {
+    if (absorption->bound == nullptr || absorption->bound->op != &op) continue;
+    Piece& piece = *absorption->bound;
+    absorption->bound = nullptr;
+    release(piece, nullptr);
+  }
+}
+
+void UcxTransport::deliver(const Absorption& absorption, Piece& piece) {
+  Op& op = *piece.op;
+  void* buffer = piece.header ? static_cast<void*>(op.header) : op.data + piece.offset;
+  ucp_tag_recv_info_t info{};
+  info.sender_tag = absorption.tag;
+  info.length = std::min(absorption.data.size(), piece.bytes);
+  auto status = static_cast<ucs_status_t>(absorption.status);
+  if (status == UCS_OK) {
+    if (info.length > 0) std::memcpy(buffer, absorption.data.data(), info.length);
+    if (absorption.data.size() > piece.bytes) status = UCS_ERR_MESSAGE_TRUNCATED;
+  }
+  weft_ucx_recv_done(nullptr, status, &info, &piece);
+}
+
+bool UcxTransport::take_absorbed(Piece& piece, uint64_t ucp_tag, uint64_t tag_mask) {
+  for (auto it = absorbed_.begin(); it != absorbed_.end(); ++it) {
+    Absorption& absorption = **it;
+    if (absorption.bound != nullptr || ((absorption.tag ^ ucp_tag) & tag_mask) != 0) continue;
+    if (!absorption.done) {
+      absorption.bound = &piece;  // delivered when it lands (note_absorbed)
+      return true;
+    }
+    std::unique_ptr<Absorption> taken = std::move(*it);
+    absorbed_.erase(it);
+    absorbed_bytes_ -= taken->data.size();
+    deliver(*taken, piece);
+    return true;
+  }
+  return false;
+}
+
+void UcxTransport::note_absorbed(Absorption& absorption) {
+  if (absorption.bound == nullptr) return;  // kept for the receive that comes
+  Piece& piece = *absorption.bound;
+  absorption.bound = nullptr;
+  deliver(absorption, piece);
+  for (auto it = absorbed_.begin(); it != absorbed_.end(); ++it) {
+    if (it->get() != &absorption) continue;
+    absorbed_bytes_ -= absorption.data.size();
+    absorbed_.erase(it);  // frees `absorption`
+    return;
+  }
+}
+
+bool UcxTransport::absorb_unexpected() {
+  bool took = false;
+  // Peer by peer, from live ones only, class by class (whole messages, piece headers, pieces):
+  // never the hang-up (class 3), whose receive stays posted. Sender and class are part of the
+  // tag and UCX keeps each tag's messages in order, so taking one peer's or class's before
+  // another's reorders nothing that matches alike.
+  const uint64_t mask = (uint64_t{3} << kClassShift) | (kRankMask << kRankShift);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || !lost_[peer].empty()) continue;
+    for (uint64_t cls : {kWholeClass, kHeaderClass, kPieceClass}) {
+      while (absorbed_bytes_ < kAbsorbLimit) {
+        const uint64_t tag = (cls << kClassShift) | (static_cast<uint64_t>(peer) << kRankShift);
+        ucp_tag_recv_info_t info{};
+        ucp_tag_message_h message = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
+        if (message == nullptr) break;
+        auto absorption = std::make_unique<Absorption>();
+        absorption->transport = this;
+        absorption->tag = info.sender_tag;
+        absorption->data.resize(info.length);
+        Absorption& a = *absorption;
+        absorbed_bytes_ += info.length;
+        absorbed_.push_back(std::move(absorption));
+        took = true;
+        ucp_request_param_t param{};
+        param.op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        param.user_data = &a;
+        param.cb.recv = weft_ucx_absorbed;
+        void* request = ucp_tag_msg_recv_nbx(worker_, a.data.data(), info.length, message, &param);
+        if (UCS_PTR_IS_ERR(request)) {
+          // Its receive fails as a posted one would have.
+          a.done = true;
+          a.status = static_cast<int>(UCS_PTR_STATUS(request));
+        }
+      }
+    }
+  }
+  return took;
 }
 
 Request UcxTransport::send(int peer, const void* data, size_t bytes, Tag tag) {
@@ -992,6 +1098,7 @@ void UcxTransport::wait(Request request, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
   Op& op = pending(request, "ucx wait");
   Clock::time_point spin_end = Clock::now() + spin_budget_;
+  Clock::time_point absorb_at = Clock::now() + kAbsorbAfter;
   int yields = yield_rounds_;
   for (;;) {
     if (aborted_.load(std::memory_order_relaxed)) handle_abort();
@@ -999,11 +1106,17 @@ void UcxTransport::wait(Request request, Clock::time_point deadline) {
     if (op.finished) return finish(op);
     if (progress()) {
       spin_end = Clock::now() + spin_budget_;
+      absorb_at = Clock::now() + kAbsorbAfter;
       yields = yield_rounds_;
       continue;
     }
     const auto now = Clock::now();
     if (now >= deadline) break;
+    if (now >= absorb_at && !abort_handled_) {
+      // Nothing for a while: a peer may be waiting for this rank to take its message.
+      absorb_at = now + kAbsorbAfter;
+      if (absorb_unexpected()) continue;
+    }
     if (now < spin_end) continue;
     if (yields > 0) {
       // Ranks outnumber cores: hand the core to the rank this one waits for, a few times, before

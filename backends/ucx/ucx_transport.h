@@ -42,6 +42,20 @@
 // the request with Error(Timeout) naming peer, tag and bytes; a timed-out send closes its endpoint
 // (UCX cannot take back a send in flight), so that the caller's buffer is free when wait() throws.
 //
+// Unexpected messages. A rendezvous message (a large one, and every piece) stays with its sender
+// until a receive for it is posted, so its send cannot complete before that: a rank that sends
+// 8 MiB and then runs a collective, against a peer that runs the collective first and receives
+// afterwards, would wait until the timeout (each group runs its calls in issue order). So a wait
+// that has found nothing to do for 100 ms takes every message UCX holds unexpected from a live
+// peer (ucp_tag_probe_nb with remove, then ucp_tag_msg_recv_nbx into a buffer of its own: an
+// absorption), up to 256 MiB held at once, without waiting for the data: it lands as the worker
+// progresses. Every receive the transport posts looks among the absorptions first, oldest first,
+// under its tag and mask, as UCX would have matched them: one that has landed is delivered at once,
+// one still landing is bound to the receive and delivered when it lands (a sender lost meanwhile
+// fails it, as it would a posted receive). A receive cancelled while bound lets its absorption go
+// back to the list, as UCX keeps a message whose receive was cancelled. Only after that pause, so
+// that a message arriving early in a running collective is matched by UCX without the extra copy.
+//
 // Progress runs on the thread that waits (the backend's progress thread): ucp_worker_progress in a
 // loop for a short, bounded spin (WEFT_SPIN_US; none while the group's ranks on this host
 // outnumber its cores; then a few sched_yield() rounds instead), then asleep on the worker's event
@@ -56,6 +70,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -118,6 +133,7 @@ class UcxTransport final : public collectives::Transport {
 
   struct Op;  // one request (ucx_transport.cc)
   struct Piece;
+  struct Absorption;  // below
 
  private:
   UcxTransport(int rank, int size, Options options);
@@ -149,6 +165,12 @@ class UcxTransport final : public collectives::Transport {
   void post_pieces(uint64_t id);
   void cancel_receives(Op& op);
   void sleep_until(collectives::Clock::time_point until);
+  // Starts an absorption of every message UCX holds unexpected from a live peer (above); true when
+  // it started any.
+  bool absorb_unexpected();
+  // Gives `piece` (a receive being posted with `ucp_tag` under `tag_mask`) the oldest absorption
+  // that matches, delivered now or bound until it lands; false when none matches.
+  bool take_absorbed(Piece& piece, uint64_t ucp_tag, uint64_t tag_mask);
 
   const int rank_;
   const int size_;
@@ -185,6 +207,9 @@ class UcxTransport final : public collectives::Transport {
   Staging take_staging(size_t bytes);
   void unmap(Staging& staging);
   std::vector<Staging> staging_free_;
+  // Absorptions, oldest first (unique_ptr: UCX's callback holds the address), and their bytes.
+  std::deque<std::unique_ptr<Absorption>> absorbed_;
+  size_t absorbed_bytes_ = 0;
   // What UCX's callbacks noted for handle_news().
   std::vector<std::pair<int, std::string>> lost_news_;
   std::vector<uint64_t> released_;  // requests UCX let go of after their wait() returned
@@ -204,6 +229,20 @@ class UcxTransport final : public collectives::Transport {
   void note_released(uint64_t id) { released_.push_back(id); }
   void note_header(uint64_t id) { headers_.push_back(id); }
   void note_hangup();
+  // One message taken unexpected (see "Unexpected messages"): its tag, its bytes as they land,
+  // the outcome (a ucs_status_t; 0 is UCS_OK) and the receive waiting for it, if any.
+  struct Absorption {
+    UcxTransport* transport = nullptr;
+    uint64_t tag = 0;
+    std::vector<uint8_t> data;
+    bool done = false;
+    int status = 0;
+    Piece* bound = nullptr;
+  };
+  // The absorption has landed: delivers it to its receive, if one is bound (and forgets it).
+  void note_absorbed(Absorption& absorption);
+  // Delivers a landed absorption's bytes and outcome to `piece` as UCX would have.
+  static void deliver(const Absorption& absorption, Piece& piece);
 };
 
 }  // namespace weft::ucx

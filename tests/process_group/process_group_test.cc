@@ -69,14 +69,9 @@ TEST_CASE("process group: large sends still complete while their receiver is in 
   // Rank 0 sends two 8 MiB messages with one tag, then all_reduces 8 bytes; rank 1 all_reduces
   // first, then receives both (the second from any source). Each group runs its calls in issue
   // order, so rank 0's sends must finish (their data taken from it) while rank 1 waits in the
-  // small all_reduce: a wait that moved no messages (the shared-slot barrier, one host) would
-  // hold both until the timeout. The two messages must still arrive in the order they were sent.
-  if (backend_under_test() == "ucx") {
-    // UCX leaves a rendezvous message with its sender until a receive is posted: the sends cannot
-    // finish, and the two ranks wait for each other until the timeout (docs/ucx.md, "Limits").
-    WARN("skipped on the ucx backend: a large send cannot complete before its receive is posted");
-    return;
-  }
+  // small all_reduce: a wait that moved no messages (the shared-slot barrier, one host; a UCX
+  // rendezvous left with its sender) would hold both until the timeout. The two messages must
+  // still arrive in the order they were sent.
   const uint16_t port = test::free_port();
   test::run_ranks_ok(2, [&](int rank) {
     auto pg = join(port, rank, 2);
