@@ -381,9 +381,12 @@ TEST_CASE("abort from another thread mid all_reduce fails pending and queued Wor
           if (rank == kAborter) {
             aborter = std::jthread([&] {
               if (still_pending_after(running, delay)) {
-                side->set("test/abort_ns", std::to_string(now_ns()));
-                side->set(round_key(round), "abort");
+                // Abort first, then say so: two store round trips before it (milliseconds under
+                // a sanitizer) let the all_reduce and the queued Works finish in between.
+                const int64_t at = now_ns();
                 pg->abort("test abort");
+                side->set("test/abort_ns", std::to_string(at));
+                side->set(round_key(round), "abort");
               } else {
                 side->set(round_key(round), "again");
               }
