@@ -374,23 +374,30 @@ TEST_CASE("abort from another thread mid all_reduce fails pending and queued Wor
         for (int round = 0;; ++round) {
           RANK_CHECK(round < kMaxRounds, "every all_reduce completed before abort() could hit it");
           auto running = pg->all_reduce(Tensor::of(big.data(), kCount));
-          // Queued behind it: they never start.
-          std::vector<std::shared_ptr<Work>> works = {
-              running, pg->all_reduce(Tensor::of(small.data(), small.size())), pg->barrier()};
+          // Queued behind it on the aborter: they never start. The other ranks issue theirs only
+          // once the aborter has decided, so the aborter's cannot complete before its abort()
+          // whatever the scheduler does between its check and the abort (a small all_reduce and
+          // a barrier through the shared slots take microseconds once the big one is done).
+          std::vector<std::shared_ptr<Work>> works = {running};
+          auto queue_the_rest = [&] {
+            works.push_back(pg->all_reduce(Tensor::of(small.data(), small.size())));
+            works.push_back(pg->barrier());
+          };
           std::jthread aborter;
           if (rank == kAborter) {
+            queue_the_rest();
             aborter = std::jthread([&] {
               if (still_pending_after(running, delay)) {
-                // Abort first, then say so: two store round trips before it (milliseconds under
-                // a sanitizer) let the all_reduce and the queued Works finish in between.
-                const int64_t at = now_ns();
+                side->set("test/abort_ns", std::to_string(now_ns()));
                 pg->abort("test abort");
-                side->set("test/abort_ns", std::to_string(at));
                 side->set(round_key(round), "abort");
               } else {
                 side->set(round_key(round), "again");
               }
             });
+          } else {
+            side->wait({round_key(round)}, seconds(20));
+            queue_the_rest();
           }
           std::vector<Outcome> got;
           for (const auto& work : works) got.push_back(outcome_of(work, seconds(30)));
