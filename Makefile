@@ -52,9 +52,9 @@ $(TSAN_BUILD)/build.ninja: | deps
 	meson setup $(TSAN_BUILD) $(SANITIZER_OPT) -Db_sanitize=thread -Db_lundef=false \
 	  -Dc_args="['-g1']" -Dcpp_args="['-g1','-Wno-maybe-uninitialized','-Wno-tsan']"
 
-# Builds only what the threaded tests run (scripts/suite-targets), not the benchmarks and tools.
+# No ninja step of its own: `meson test --suite threaded` builds what those tests need and no
+# more (not the benchmarks and tools), 5m45 of TSan compiling here instead of the whole tree.
 test-tsan: deps $(TSAN_BUILD)/build.ninja
-	ninja -C $(TSAN_BUILD) -j $(JOBS) $$(scripts/suite-targets $(TSAN_BUILD) threaded)
 	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  $(MESON_TEST) -C $(TSAN_BUILD) --suite threaded --timeout-multiplier 4; status=$$?; \
 	  scripts/test-summary $(TSAN_BUILD); exit $$status
