@@ -1,6 +1,5 @@
 #include "backends/tcp/shm_transport.h"
 
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 
 #include "weft/config.h"
 
+#include "backends/common/cross_memory.h"
 #include "backends/tcp/shm_peer.h"
 #include "backends/tcp/shm_ring.h"
 #include "runtime/launch_env.h"
@@ -43,28 +43,10 @@ constexpr uint64_t kSingleCopyBit = uint64_t{1} << 63;
 constexpr Tag kAckTag = collectives::kTransportControlTag;
 constexpr size_t kDescriptorBytes = 16;
 constexpr size_t kAckBytes = 8;
-// A word each rank publishes the address of, for its peers to test that they can read its memory.
-alignas(8) const uint64_t kProbeWord = 0x7765667420636d61;  // "weft cma"
 // recv_reduce of a single-copy message reads in pieces of this size into a staging buffer and
 // reduces each: L2-sized, so the reduction reads it from cache.
 constexpr size_t kSingleCopyPiece = 256 * 1024;
 
-// Reads `bytes` at `address` in process `pid` into `dst`; returns 0 or the errno.
-int read_remote(pid_t pid, void* dst, uint64_t address, size_t bytes) {
-  size_t done = 0;
-  while (done < bytes) {
-    iovec local{static_cast<char*>(dst) + done, bytes - done};
-    iovec remote{reinterpret_cast<void*>(address + done), bytes - done};
-    ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EFAULT;
-    done += static_cast<size_t>(n);
-  }
-  return 0;
-}
 constexpr size_t kMinRingBytes = 4096;
 // Starts the record of a rank that could not make its segment, followed by its error: no
 // segment name starts with '!' (shm_job_prefix() names start "weft-").
@@ -174,7 +156,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   if (spin_budget_.count() == 0) bell_->set_yield_rounds(kOversubscribedYieldRounds);
   std::string record =
       fmt::format("{} {} {} {} {} {} ", name, capacity, slot_bytes, crowded ? 1 : 0, ::getpid(),
-                  reinterpret_cast<uintptr_t>(&kProbeWord));
+                  backends::cross_memory_probe_address());
   for (size_t i = 0; i < senders.size(); ++i) {
     std::byte* at = segment_->data() + ring_offset(i, capacity);
     peers_[senders[i]]->in = ShmRing::create(at, ShmRing::footprint(capacity), capacity);
@@ -248,9 +230,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
   for (size_t i = 0; i < senders.size(); ++i) {
     uint8_t readable = 0;
     if (options_.single_copy_bytes > 0) {
-      uint64_t word = 0;
-      readable = read_remote(peers_[senders[i]]->pid, &word, probes[i], sizeof(word)) == 0 &&
-                 word == kProbeWord;
+      readable = backends::can_read_process(peers_[senders[i]]->pid, probes[i]);
     }
     store.set(fmt::format("{}/{}/opened/{}", options_.key_prefix, senders[i], matcher_.rank()),
               Bytes{1, readable});
@@ -567,40 +547,18 @@ void ShmTransport::handle_control(Peer& peer) {
 void ShmTransport::read_single_copy(Peer& peer, Op& op, uint64_t address) {
   int err = 0;
   if (op.kind == OpKind::Recv) {
-    err = read_remote(peer.pid, op.dst, address, op.bytes);
+    err = backends::read_process(peer.pid, op.dst, address, op.bytes);
   } else {
     if (!staging_.data) staging_ = matcher_.pool().acquire(kSingleCopyPiece);
-    const size_t piece = kSingleCopyPiece / op.element * op.element;
-    for (size_t done = 0; done < op.bytes && err == 0; done += piece) {
-      const size_t n = std::min(piece, op.bytes - done);
-      err = read_remote(peer.pid, staging_.data.get(), address + done, n);
-      if (err == 0) {
-        reduce::accumulate(op.dst + done, staging_.data.get(), n / op.element, op.dtype,
-                           op.reduce_op);
-      }
-    }
+    err = backends::read_reduce_process(peer.pid, op.dst, address, op.bytes, op.dtype, op.reduce_op,
+                                        staging_.data.get(), kSingleCopyPiece);
   }
   if (err == 0) {
     op.done = op.bytes;
     matcher_.complete(op);
-  } else if (err == ESRCH) {
-    matcher_.fail(op, matcher_.error(ErrorCode::PeerLost, matcher_.op_name(op.kind),
-                                     fmt::format("rank {} is gone (process {} no longer exists)",
-                                                 peer.rank, peer.pid)));
-  } else if (err == EFAULT) {
-    // The sender gave the message up after waiting for it (its collective failed or it aborted)
-    // and freed the memory: for this rank, the peer is gone from the exchange.
-    matcher_.fail(
-        op, matcher_.error(
-                ErrorCode::PeerLost, matcher_.op_name(op.kind),
-                fmt::format("rank {} withdrew a {}-byte message before it was read (it failed "
-                            "or aborted)",
-                            peer.rank, op.bytes)));
   } else {
-    matcher_.fail(
-        op, matcher_.error(ErrorCode::Io, matcher_.op_name(op.kind),
-                           fmt::format("reading {} bytes from rank {} (process {}) failed: {}",
-                                       op.bytes, peer.rank, peer.pid, std::strerror(err))));
+    auto [code, why] = backends::describe_read_failure(err, peer.rank, peer.pid, op.bytes);
+    matcher_.fail(op, matcher_.error(code, matcher_.op_name(op.kind), why));
   }
 }
 
@@ -616,7 +574,8 @@ bool ShmTransport::absorb_single_copy() {
         continue;  // over the limit: the sender waits for the receive, as a paused ring would
       }
       backends::PooledBuffer buffer = matcher_.pool().acquire(message.size);
-      if (read_remote(peer->pid, buffer.data.get(), message.address, message.size) != 0) {
+      if (backends::read_process(peer->pid, buffer.data.get(), message.address, message.size) !=
+          0) {
         matcher_.pool().release(std::move(buffer));
         continue;  // the receive, once posted, reads it again and reports the error
       }
