@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -17,6 +18,7 @@
 
 #include "weft/config.h"
 
+#include "backends/common/cross_memory.h"
 #include "backends/common/transport_util.h"
 #include "runtime/log.h"
 #include "runtime/reduce.h"
@@ -43,7 +45,9 @@ constexpr int kSeqBitsKept = 26;
 constexpr uint64_t kWholeClass = 0;
 constexpr uint64_t kHeaderClass = 1;
 constexpr uint64_t kPieceClass = 2;
-// The hang-up message's tag: all ones, whose class (3) is no data message's.
+// Class 3 is no data message's: the acknowledgements of single-copy messages (kind bit 0, the
+// acknowledging rank, the sender's request id) and the hang-up (all ones).
+constexpr uint64_t kAckClass = 3;
 constexpr uint64_t kHangupTag = ~uint64_t{0};
 // Unexpected messages (ucx_transport.h): how long a wait finds nothing to do before it takes them,
 // and the most bytes held taken at once.
@@ -56,6 +60,12 @@ constexpr size_t kPiecedFrom = size_t{512} << 10;
 constexpr size_t kMinPiece = size_t{256} << 10;
 constexpr size_t kMaxPieces = 16;
 constexpr uint64_t kHeaderMagic = 0x7765667470696563;  // "weftpiec"
+// Single copy (ucx_transport.h): the header {kSingleCopyMagic, bytes, address, request id} of a
+// message the receiver reads from the sender's memory, and the acknowledgement's word.
+constexpr uint64_t kSingleCopyMagic = 0x7765667473696e67;  // "weftsing"
+constexpr uint64_t kAckRead = 1;
+constexpr uint64_t kAckRefused = 2;
+constexpr uint64_t kAckSendPieces = 3;  // a receive-and-reduce: send the data in pieces after all
 // The longest one sleep lasts before the worker is progressed again (UCX's keepalive runs in
 // progress).
 constexpr std::chrono::milliseconds kSleepSlice{100};
@@ -105,6 +115,26 @@ bool tls_may_use_shared_memory() {
   return false;
 }
 
+// Whether UCX_TLS (as the user set it) allows cross-memory attach, which the single-copy path
+// is: unset, "all", an exclusion list that does not exclude it, or a list naming "cma" or "sm".
+bool tls_may_use_cma() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0') return true;
+  const bool exclude = *tls == '^';
+  std::string_view rest(tls + (exclude ? 1 : 0));
+  bool named = false;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view name = rest.substr(0, comma);
+    for (std::string_view cma : {"all", "sm", "shm", "cma"}) {
+      if (name == cma) named = true;
+    }
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return exclude ? !named : named;
+}
+
 std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
@@ -136,6 +166,7 @@ struct UcxTransport::Piece {
   size_t offset = 0;  // into the op's data; the header's is unused
   size_t bytes = 0;
   bool header = false;
+  bool ack = false;         // a single-copy send's acknowledgement (a receive)
   void* request = nullptr;  // UCX's, while it holds the buffer
   bool done = false;        // its callback ran
 };
@@ -152,10 +183,15 @@ struct UcxTransport::Op {
   // resized once a request is posted (UCX's callbacks hold pointers into it).
   std::vector<Piece> pieces;
   bool pieced = false;
-  bool posting = false;         // send(): its requests are being posted
-  uint64_t header[2] = {0, 0};  // {kHeaderMagic, bytes}: sent, or landed
-  int outstanding = 0;          // UCX requests not let go of yet
-  size_t landed = 0;            // pieces (not the header) received
+  bool posting = false;  // send(): its requests are being posted
+  // {kHeaderMagic, bytes, 0, 0} or {kSingleCopyMagic, bytes, address, request id}: sent, or landed
+  uint64_t header[4] = {0, 0, 0, 0};
+  // By single copy: a send posts its header only (the receiver reads the data from its memory);
+  // a receive expects such a header.
+  bool single_copy = false;
+  uint64_t ack = 0;     // what the receiver of a single-copy send answered
+  int outstanding = 0;  // UCX requests not let go of yet
+  size_t landed = 0;    // pieces (not the header) received
   bool ucx_done() const { return outstanding == 0; }
   bool finished = false;  // the result is known
   bool reported = false;  // wait() returned or threw
@@ -192,6 +228,12 @@ uint64_t tag_in_class(uint64_t ucp_tag, uint64_t cls) {
   return (ucp_tag & ~(uint64_t{3} << kClassShift)) | (cls << kClassShift);
 }
 
+// The tag of the acknowledgement `acker` sends for the single-copy send `id` of the rank it read.
+uint64_t ack_tag(int acker, uint64_t id) {
+  return (kAckClass << kClassShift) | (static_cast<uint64_t>(acker) << kRankShift) |
+         (id & kLowMask);
+}
+
 // The size of each piece of a message of `bytes` bytes sent in pieces (the last one may be
 // shorter): at least kMinPiece, at most kMaxPieces pieces, a multiple of 4 KiB (so of every
 // element size). Both sides compute it from the size alone.
@@ -200,19 +242,23 @@ size_t piece_bytes(size_t bytes) {
   return std::max(kMinPiece, (per + 4095) / 4096 * 4096);
 }
 
-// Lays out an op's requests: one whole message, or a header and pieces.
-void lay_out(UcxTransport::Op& op) {
-  op.pieced = op.bytes >= kPiecedFrom;
+// Lays out an op's requests: one whole message, or a header and pieces (from kPiecedFrom bytes
+// on, or where `pieced`).
+void lay_out(UcxTransport::Op& op, bool pieced = false) {
+  op.pieced = pieced || op.bytes >= kPiecedFrom;
   if (!op.pieced) {
-    op.pieces.assign(1, Piece{&op, 0, op.bytes, false, nullptr, false});
+    op.pieces.assign(1, Piece{&op, 0, op.bytes, false, false, nullptr, false});
     return;
   }
   const size_t each = piece_bytes(op.bytes);
-  op.pieces.reserve(1 + (op.bytes + each - 1) / each);
-  op.pieces.push_back(Piece{&op, 0, sizeof(op.header), true, nullptr, false});
+  op.pieces.reserve(2 + (op.bytes + each - 1) / each);
+  op.pieces.push_back(Piece{&op, 0, sizeof(op.header), true, false, nullptr, false});
+  if (op.single_copy && op.kind == kSend) {
+    op.pieces.push_back(Piece{&op, 0, sizeof(op.ack), false, true, nullptr, false});
+  }
   for (size_t offset = 0; offset < op.bytes; offset += each) {
     op.pieces.push_back(
-        Piece{&op, offset, std::min(each, op.bytes - offset), false, nullptr, false});
+        Piece{&op, offset, std::min(each, op.bytes - offset), false, false, nullptr, false});
   }
 }
 
@@ -247,6 +293,26 @@ static void weft_ucx_recv_done(void* request, ucs_status_t status, const ucp_tag
                                void* user_data) {
   auto& piece = *static_cast<Piece*>(user_data);
   UcxTransport::Op& op = *piece.op;
+  if (piece.ack) {
+    // A single-copy send's acknowledgement: the receiver has read the data, or refused it, or
+    // asks for the data in pieces after all (it reduces them as they land: see read_single_copy).
+    if (status == UCS_OK && op.ack == kAckSendPieces) {
+      op.posting = true;                 // not finished: its pieces are still to be sent
+      op.transport->note_header(op.id);  // posted after this progress round
+    } else if (status == UCS_OK && op.ack != kAckRead) {
+      op.fail(ErrorCode::Protocol,
+              fmt::format("rank {} did not take the {}-byte message with {}: its receive failed "
+                          "(its own error says why)",
+                          op.peer, op.bytes, tag_text(op.tag)));
+    } else if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+      op.fail(ErrorCode::PeerLost,
+              fmt::format("ucx send to rank {} ({}, {} bytes) got no acknowledgement: {}", op.peer,
+                          tag_text(op.tag), op.bytes, status_text(status)));
+    }
+    release(piece, request);
+    if (op.outstanding == 0 && !op.posting) op.finished = true;
+    return;
+  }
   if (!op.finished) {
     if (op.peer == collectives::kAnySource &&
         (status == UCS_OK || status == UCS_ERR_MESSAGE_TRUNCATED)) {
@@ -254,17 +320,25 @@ static void weft_ucx_recv_done(void* request, ucs_status_t status, const ucp_tag
       if (op.source != nullptr) *op.source = op.peer;
     }
     if (status == UCS_OK && piece.header) {
-      if (info->length != sizeof(op.header) || op.header[0] != kHeaderMagic) {
+      const bool single_copy = op.header[0] == kSingleCopyMagic;
+      if (info->length != sizeof(op.header) || (op.header[0] != kHeaderMagic && !single_copy)) {
         op.fail(ErrorCode::Protocol,
                 fmt::format("rank {} sent a malformed piece header ({} bytes) with {}", op.peer,
                             info->length, tag_text(op.tag)));
+      } else if (single_copy != op.single_copy) {
+        op.fail(ErrorCode::Protocol,
+                fmt::format("rank {} sent {} bytes with {} {}, where this rank expects {}", op.peer,
+                            op.header[1], tag_text(op.tag),
+                            single_copy ? "to be read from its memory" : "in pieces",
+                            op.single_copy ? "to read them from its memory" : "pieces"));
       } else if (op.header[1] != op.bytes) {
         op.fail(ErrorCode::Protocol,
                 fmt::format("rank {} sent {} bytes with {} but this rank expects {} bytes", op.peer,
                             op.header[1], tag_text(op.tag), op.bytes));
-      } else {
-        op.transport->note_header(op.id);  // its pieces are posted after this progress round
       }
+      // Its pieces are posted, or its data read, after this progress round; a single-copy
+      // sender is answered even when the receive failed, so that it does not wait for nothing.
+      if (!op.finished || single_copy) op.transport->note_header(op.id);
     } else if (status == UCS_OK && info->length != piece.bytes) {
       op.fail(ErrorCode::Protocol,
               op.pieced
@@ -380,7 +454,8 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
     throw_error(ErrorCode::Io, where, fmt::format("eventfd: {}", std::strerror(errno)));
   }
 
-  // 1. Publish this rank's record: its host, then its worker address.
+  // 1. Publish this rank's record: its host, its pid and probe address (single copy), then its
+  // worker address.
   ucp_address_t* address = nullptr;
   size_t address_length = 0;
   if (status = ucp_worker_get_address(t->worker_, &address, &address_length); status != UCS_OK) {
@@ -389,6 +464,10 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
   const std::string host = host_name();
   Bytes record(host.begin(), host.end());
   record.push_back(0);
+  const uint64_t identity[2] = {static_cast<uint64_t>(::getpid()),
+                                backends::cross_memory_probe_address()};
+  const auto* id_bytes = reinterpret_cast<const uint8_t*>(identity);
+  record.insert(record.end(), id_bytes, id_bytes + sizeof(identity));
   const auto* raw = reinterpret_cast<const uint8_t*>(address);
   record.insert(record.end(), raw, raw + address_length);
   ucp_worker_release_address(t->worker_, address);
@@ -419,24 +498,49 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
     missing_ranks(keys, "did not publish its UCX address", "did not publish their UCX addresses");
   }
 
-  // 3. One endpoint per peer, failing (not hanging) when the peer dies.
+  // 3. One endpoint per peer, failing (not hanging) when the peer dies; and, for single copy,
+  // which peers on this host this rank can read.
+  size_t single_copy = options.single_copy_bytes;
+  if (const char* v = std::getenv("WEFT_UCX_SINGLE_COPY"); v != nullptr && *v != '\0') {
+    single_copy = 0;
+    const std::string_view text(v);
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), single_copy);
+    if (ec != std::errc() || end != text.data() + text.size()) {
+      throw_error(
+          ErrorCode::InvalidArgument, where,
+          fmt::format("WEFT_UCX_SINGLE_COPY=\"{}\" is not valid; expected bytes (0: off)", text));
+    }
+  }
+  if (!tls_may_use_cma()) single_copy = 0;
   int local = 0;
   t->endpoints_.assign(size, nullptr);
   t->lost_.assign(size, "");
+  t->readable_pid_.assign(size, 0);
+  t->copy_from_.assign(size, 0);
+  t->single_copy_from_ = single_copy;
+  std::string readable;  // the ranks this rank can read, "3,5,"
   for (int r = 0; r < size; ++r) {
     const Bytes& value = records[r];
     auto nul = std::find(value.begin(), value.end(), uint8_t{0});
-    if (nul == value.end() || nul + 1 == value.end()) {
+    if (nul == value.end() || value.end() - nul <= static_cast<ptrdiff_t>(1 + 16)) {
       throw_error(ErrorCode::InvalidArgument, where,
                   fmt::format("rank {}'s record under \"{}\" is malformed ({} bytes)", r, keys[r],
                               value.size()));
     }
-    if (std::string(value.begin(), nul) == host) ++local;
+    uint64_t peer_identity[2];
+    std::memcpy(peer_identity, &*(nul + 1), sizeof(peer_identity));
+    const bool same_host = std::string(value.begin(), nul) == host;
+    if (same_host) ++local;
     if (r == rank) continue;
+    const auto peer_pid = static_cast<pid_t>(peer_identity[0]);
+    if (single_copy > 0 && same_host && backends::can_read_process(peer_pid, peer_identity[1])) {
+      t->readable_pid_[r] = peer_pid;
+      readable += fmt::format("{},", r);
+    }
     ucp_ep_params_t ep_params{};
     ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep_params.address = reinterpret_cast<const ucp_address_t*>(&*(nul + 1));
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(&*(nul + 1 + 16));
     ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep_params.err_handler.cb = weft_ucx_ep_failed;
     t->handler_args_.push_back(std::make_unique<PeerArg>(t.get(), r));
@@ -448,30 +552,58 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
   // 4. Nobody leaves before everyone has its endpoints: ucp_ep_create attaches the peer's
   // shared-memory FIFO, which disappears with the peer, and a rank whose work needs no reply
   // (one eager send) can finish and exit before a slower peer has connected to it (seen: shmat
-  // EINVAL, "ucp_ep_create to rank 1: Shared memory error").
+  // EINVAL, "ucp_ep_create to rank 1: Shared memory error"). Each rank's "connected" record
+  // says from how many bytes on it reads messages by single copy, and from which ranks
+  // ("1:65536:3,5,"): to those, this rank sends such messages by single copy.
   std::vector<std::string> connected;
   for (int r = 0; r < size; ++r) {
     connected.push_back(fmt::format("{}/connected/{}", options.key_prefix, r));
   }
-  store.set(connected[rank], Bytes{1});
+  const std::string connected_record = fmt::format("1:{}:{}", single_copy, readable);
+  store.set(connected[rank], Bytes(connected_record.begin(), connected_record.end()));
+  std::vector<Bytes> readers;
   try {
-    store.wait(connected, options.timeout);
+    readers = store.multi_get(connected, options.timeout);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::Timeout) throw;
     missing_ranks(connected, "did not connect its UCX endpoints",
                   "did not connect their UCX endpoints");
+  }
+  const std::string me = fmt::format("{},", rank);
+  for (int r = 0; r < size; ++r) {
+    const std::string text(readers[r].begin(), readers[r].end());
+    size_t from = 0;
+    const char* begin = text.data() + std::min<size_t>(2, text.size());
+    auto [end, ec] = std::from_chars(begin, text.data() + text.size(), from);
+    if (!text.starts_with("1:") || ec != std::errc() || end == text.data() + text.size() ||
+        *end != ':') {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  fmt::format("rank {}'s record under \"{}\" is malformed (\"{}\")", r,
+                              connected[r], text));
+    }
+    // ",3,5," holds ",<rank>," exactly when the rank is listed.
+    const std::string listed = "," + std::string(end + 1, text.data() + text.size());
+    if (r != rank && listed.find("," + me) != std::string::npos) t->copy_from_[r] = from;
   }
   t->spin_budget_ = config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us)
                                           : backends::spin_budget_for(local);
   if (t->spin_budget_.count() == 0) t->yield_rounds_ = backends::kOversubscribedYieldRounds;
   t->hangup_ = std::make_unique<Hangup>();
   t->post_hangup_receive();
-  WEFT_LOG_DEBUG("{}: {} peers, {} ranks on this host, spin {} us", where, size - 1, local,
-                 std::chrono::duration_cast<std::chrono::microseconds>(t->spin_budget_).count());
+  WEFT_LOG_DEBUG("{}: {} peers, {} ranks on this host, spin {} us, single copy from [{}]", where,
+                 size - 1, local,
+                 std::chrono::duration_cast<std::chrono::microseconds>(t->spin_budget_).count(),
+                 readable);
   return t;
 }
 
 UcxTransport::~UcxTransport() {
+  if (single_copy_from_ > 0) {
+    WEFT_LOG_DEBUG(
+        "rank {}/{} group \"{}\" ucx: {} messages read by single copy, {} received in "
+        "pieces instead (to be reduced)",
+        rank_, size_, options_.group_name, single_copy_reads_, single_copy_declined_);
+  }
   if (worker_ != nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     closing_ = true;
@@ -585,8 +717,10 @@ void UcxTransport::post_piece(Op& op, Piece& piece, uint64_t ucp_tag, uint64_t t
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.user_data = &piece;
-  void* buffer = piece.header ? static_cast<void*>(op.header) : op.data + piece.offset;
-  if (!piece.header && op.staging.memh != nullptr) {
+  void* buffer = piece.ack      ? static_cast<void*>(&op.ack)
+                 : piece.header ? static_cast<void*>(op.header)
+                                : op.data + piece.offset;
+  if (!piece.header && !piece.ack && op.staging.memh != nullptr) {
     // The pool's buffers are registered once, when they are made (take_staging).
     param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     param.memh = op.staging.memh;
@@ -594,7 +728,7 @@ void UcxTransport::post_piece(Op& op, Piece& piece, uint64_t ucp_tag, uint64_t t
   ++op.outstanding;
   piece.done = false;
   void* request;
-  if (op.kind == kSend) {
+  if (op.kind == kSend && !piece.ack) {
     param.cb.send = weft_ucx_send_done;
     request = ucp_tag_send_nbx(endpoints_[op.peer], buffer, piece.bytes, ucp_tag, &param);
     if (request == nullptr) {  // complete already: no callback comes
@@ -603,7 +737,8 @@ void UcxTransport::post_piece(Op& op, Piece& piece, uint64_t ucp_tag, uint64_t t
       return;
     }
   } else {
-    if (take_absorbed(piece, ucp_tag, tag_mask)) return;  // taken earlier: see ucx_transport.h
+    // Taken earlier: see ucx_transport.h (never an acknowledgement, posted before its send).
+    if (!piece.ack && take_absorbed(piece, ucp_tag, tag_mask)) return;
     // Never complete in place: the callback says what landed (it may run before this returns).
     param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     param.cb.recv = weft_ucx_recv_done;
@@ -625,10 +760,13 @@ void UcxTransport::post_piece(Op& op, Piece& piece, uint64_t ucp_tag, uint64_t t
 }
 
 void UcxTransport::cancel_receives(Op& op) {
-  if (op.kind == kSend) return;  // a send ends with its endpoint
+  // A send ends with its endpoint; a single-copy send's acknowledgement is a receive.
   for (Piece& piece : op.pieces) {
-    if (piece.request != nullptr) ucp_request_cancel(worker_, piece.request);
+    if (piece.request != nullptr && (op.kind != kSend || piece.ack)) {
+      ucp_request_cancel(worker_, piece.request);
+    }
   }
+  if (op.kind == kSend) return;
   // A piece bound to an absorption still landing: the absorption goes back to the list (UCX keeps
   // a message whose receive was cancelled), and the piece is let go of.
   for (auto& absorption : absorbed_) {
@@ -730,12 +868,26 @@ Request UcxTransport::send(int peer, const void* data, size_t bytes, Tag tag) {
   op.data = static_cast<uint8_t*>(const_cast<void*>(data));  // only read
   op.header[0] = kHeaderMagic;
   op.header[1] = bytes;
-  lay_out(op);
+  // Single copy (see ucx_transport.h): collectives only, whose peers post their receives within
+  // the same call; a point-to-point receive may come much later, and the sender would wait.
+  op.single_copy = copy_from_[peer] > 0 && bytes >= copy_from_[peer] &&
+                   (tag & collectives::kPointToPointBit) == 0;
+  if (op.single_copy) {
+    op.header[0] = kSingleCopyMagic;
+    op.header[2] = reinterpret_cast<uintptr_t>(data);
+    op.header[3] = op.id;
+  }
+  // A single-copy send lays out its pieces too: it sends them if the receiver asks.
+  lay_out(op, op.single_copy);
   const uint64_t base = ucp_tag_of(tag, rank_);
-  // A whole message; or its header, then its pieces, all at once.
+  // A whole message; or its header, then its pieces, all at once; or the receive of its
+  // acknowledgement, then its header.
   op.posting = true;
+  if (op.single_copy) post_piece(op, op.pieces[1], ack_tag(peer, op.id), ~uint64_t{0});
   for (Piece& piece : op.pieces) {
     if (op.finished) break;
+    if (piece.ack) continue;
+    if (op.single_copy && !piece.header) break;
     const uint64_t cls = !op.pieced ? kWholeClass : piece.header ? kHeaderClass : kPieceClass;
     post_piece(op, piece, tag_in_class(base, cls), ~uint64_t{0});
   }
@@ -748,18 +900,80 @@ void UcxTransport::start_receive(Op& op, uint64_t ucp_tag, uint64_t tag_mask) {
   // A whole message, or the header of one in pieces: its pieces are posted when it has landed
   // (post_pieces), in the order the headers land, which is the order their messages were sent;
   // a receive from any source learns its sender from the header.
-  lay_out(op);
+  // By single copy when the sender is a peer this rank reads (as send() decides on its side).
+  op.single_copy = op.peer != collectives::kAnySource && readable_pid_[op.peer] != 0 &&
+                   op.bytes >= single_copy_from_ && (op.tag & collectives::kPointToPointBit) == 0;
+  if (op.single_copy && op.kind == kRecv) {
+    op.pieced = true;
+    op.pieces.assign(1, Piece{&op, 0, sizeof(op.header), true, false, nullptr, false});
+  } else {
+    lay_out(op, op.single_copy);  // a receive-and-reduce asks for the pieces (read_single_copy)
+  }
   post_piece(op, op.pieces[0], tag_in_class(ucp_tag, op.pieced ? kHeaderClass : kWholeClass),
              tag_mask);
 }
 
 void UcxTransport::post_pieces(uint64_t id) {
   auto it = ops_.find(id);
-  if (it == ops_.end() || it->second->finished) return;
+  if (it == ops_.end()) return;
   Op& op = *it->second;
+  if (op.kind == kSend) {
+    // A single-copy send whose receiver asked for the pieces.
+    for (size_t i = 2; i < op.pieces.size() && !op.finished; ++i) {
+      post_piece(op, op.pieces[i], tag_in_class(ucp_tag_of(op.tag, rank_), kPieceClass),
+                 ~uint64_t{0});
+    }
+    op.posting = false;
+    if (op.outstanding == 0) op.finished = true;
+    return;
+  }
+  if (op.header[0] == kSingleCopyMagic) {
+    // A receive reads the data; a receive-and-reduce asks for the pieces instead: reading then
+    // reducing each piece costs the receiver more than reducing what the sender's UCX copied
+    // (measured in docs/ucx.md), and the sender's core is free to copy.
+    if (op.kind == kRecv || op.finished) return read_single_copy(op);
+    ++single_copy_declined_;
+    send_ack(op.peer, op.header[3], kAckSendPieces);
+  }
+  if (op.finished) return;
   const uint64_t tag = tag_in_class(ucp_tag_of(op.tag, op.peer), kPieceClass);
   for (size_t i = 1; i < op.pieces.size() && !op.finished; ++i) {
     post_piece(op, op.pieces[i], tag, ~uint64_t{0});
+  }
+}
+
+void UcxTransport::read_single_copy(Op& op) {
+  // A receive from a peer this rank reads (weft_ucx_recv_done checked that the header is what
+  // this receive expects): the data straight into it. One that failed refuses the data.
+  uint64_t answer = kAckRefused;
+  if (!op.finished) {
+    const pid_t pid = readable_pid_[op.peer];
+    if (int err = backends::read_process(pid, op.data, op.header[2], op.bytes); err == 0) {
+      op.finished = true;
+      answer = kAckRead;
+      ++single_copy_reads_;
+    } else {
+      auto [code, why] = backends::describe_read_failure(err, op.peer, pid, op.bytes);
+      op.fail(code, fmt::format("{} ({})", why, tag_text(op.tag)));
+    }
+  }
+  send_ack(op.peer, op.header[3], answer);
+}
+
+void UcxTransport::send_ack(int peer, uint64_t sender_op, uint64_t answer) {
+  if (peer < 0 || peer >= size_ || endpoints_[peer] == nullptr || !lost_[peer].empty()) return;
+  // The word is sent from a constant: nothing to keep alive while UCX holds the request.
+  static const uint64_t kAnswers[] = {kAckRead, kAckRefused, kAckSendPieces};
+  const uint64_t* word = &kAnswers[answer - kAckRead];
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  param.cb.send = [](void* request, ucs_status_t, void*) { ucp_request_free(request); };
+  void* request =
+      ucp_tag_send_nbx(endpoints_[peer], word, sizeof(*word), ack_tag(rank_, sender_op), &param);
+  if (UCS_PTR_IS_ERR(request)) {
+    // The endpoint failed: the peer learns of this rank's loss, and this rank of its, from UCX.
+    WEFT_LOG_DEBUG("rank {}/{} group \"{}\" ucx: acknowledging to rank {}: {}", rank_, size_,
+                   options_.group_name, peer, status_text(UCS_PTR_STATUS(request)));
   }
 }
 

@@ -32,6 +32,18 @@
 // registered with UCX once, ucp_mem_map, reused by later receives) and combines each piece into
 // the destination as it lands, while the next pieces are in transfer.
 //
+// Single copy (opt-in: WEFT_UCX_SINGLE_COPY=<bytes>). A collective's message of at least that many
+// bytes to a peer on this host that can read this process's memory (each rank probes its local
+// peers at set-up with process_vm_readv and lists those it can read in its "connected" record,
+// beside its threshold) travels as a header only, {kSingleCopyMagic, bytes, address, request id},
+// in class 1 like a piece header; both sides decide by the same rule, so the receive expects it
+// (anything else is Error(Protocol)). A receive reads the data straight from the sender's buffer
+// (one copy where the shared-memory FIFO takes two) and answers with an acknowledgement (class 3,
+// the reader's rank, the request id), on which the send completes. A receive-and-reduce answers
+// "send the pieces" instead and receives them as above: reading, then reducing, costs the
+// receiver more than reducing what the sender's UCX copied. Point-to-point messages never go by
+// single copy: their receive may be posted much later, and the sender would wait for it.
+//
 // Failure. Endpoints use UCP_ERR_HANDLING_MODE_PEER: a dead peer (its sockets closed, or its
 // process gone as the keepalive finds) fails its endpoint; every pending and later request with
 // that peer then fails with Error(PeerLost) naming it and UCS's status string. abort() sends each
@@ -65,6 +77,8 @@
 // Thread safety: one thread posts and waits; abort() may be called from any thread. A mutex
 // serialises the worker between them (held by the waiting thread except while it sleeps).
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
@@ -104,6 +118,10 @@ class UcxTransport final : public collectives::Transport {
     std::string key_prefix = "ucx";
     // Bounds set-up (every rank's record must appear within it).
     std::chrono::milliseconds timeout{300'000};
+    // Messages of a collective of at least this many bytes between ranks of one host go by
+    // single copy (see above); 0: never (the default: see docs/ucx.md). WEFT_UCX_SINGLE_COPY,
+    // when set, wins; off where UCX_TLS rules out cross-memory attach.
+    size_t single_copy_bytes = 0;
   };
 
   // Creates this rank's context, worker and endpoints (collective over the group's ranks).
@@ -164,6 +182,10 @@ class UcxTransport final : public collectives::Transport {
   void start_receive(Op& op, uint64_t ucp_tag, uint64_t tag_mask);
   void post_pieces(uint64_t id);
   void cancel_receives(Op& op);
+  // A single-copy header has landed in receive `op`: reads (or reduces) the data from the
+  // sender's memory and acknowledges, saying whether it did.
+  void read_single_copy(Op& op);
+  void send_ack(int peer, uint64_t sender_op, uint64_t answer);
   void sleep_until(collectives::Clock::time_point until);
   // Starts an absorption of every message UCX holds unexpected from a live peer (above); true when
   // it started any.
@@ -182,7 +204,13 @@ class UcxTransport final : public collectives::Transport {
   int worker_fd_ = -1;  // ucp_worker_get_efd's: UCX owns it
   int abort_fd_ = -1;   // an eventfd abort() writes to wake a sleeping wait()
   std::vector<ucp_ep_h> endpoints_;
-  std::vector<std::string> lost_;  // by peer: why it is lost; "" while alive
+  std::vector<std::string> lost_;    // by peer: why it is lost; "" while alive
+  std::vector<pid_t> readable_pid_;  // by peer: its process, where this rank can read it; else 0
+  // By peer: from how many bytes on it reads this rank's messages by single copy; 0: never.
+  std::vector<size_t> copy_from_;
+  size_t single_copy_from_ = 0;     // the same, for the peers this rank reads (readable_pid_)
+  uint64_t single_copy_reads_ = 0;  // messages read by single copy, and handed over in pieces
+  uint64_t single_copy_declined_ = 0;
   // What each endpoint's error handler gets: (this, peer).
   std::vector<std::unique_ptr<std::pair<UcxTransport*, int>>> handler_args_;
   bool in_news_ = false;
