@@ -516,6 +516,7 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
   t->endpoints_.assign(size, nullptr);
   t->lost_.assign(size, "");
   t->readable_pid_.assign(size, 0);
+  t->stuck_with_.assign(size, 0);
   t->copy_from_.assign(size, 0);
   t->single_copy_from_ = single_copy;
   std::string readable;  // the ranks this rank can read, "3,5,"
@@ -1036,11 +1037,17 @@ void UcxTransport::finish(Op& op) {
     }
     // A send's buffer is only read, and with its endpoint closed nothing sends from it: only a
     // receive is waited for (UCX writes into it until it lets go).
-    if (op.kind != kSend) progress_until([&] { return op.ucx_done(); }, kLetGoBound);
-    if (!op.ucx_done() && op.kind != kSend) {
+    // Once UCX has kept one such receive past the bound, the lost peer's others are not waited
+    // for again: a ring step has dozens of segments in transfer, and waiting the bound for each
+    // held this rank for half a minute (seen under load), so that its peers timed out instead
+    // of learning of the failure.
+    const bool stuck = op.peer >= 0 && stuck_with_[op.peer] != 0;
+    if (op.kind != kSend && !stuck) progress_until([&] { return op.ucx_done(); }, kLetGoBound);
+    if (!op.ucx_done() && op.kind != kSend && !stuck) {
+      if (op.peer >= 0) stuck_with_[op.peer] = 1;
       WEFT_LOG_WARN(
           "rank {}/{} group \"{}\" {}: UCX still holds {} request(s) with rank {} {} ms "
-          "after it failed",
+          "after it failed (its other failed requests are not waited for)",
           rank_, size_, options_.group_name, names_[op.kind], op.outstanding, op.peer,
           kLetGoBound.count());
     }

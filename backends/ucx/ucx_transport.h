@@ -204,7 +204,9 @@ class UcxTransport final : public collectives::Transport {
   int worker_fd_ = -1;  // ucp_worker_get_efd's: UCX owns it
   int abort_fd_ = -1;   // an eventfd abort() writes to wake a sleeping wait()
   std::vector<ucp_ep_h> endpoints_;
-  std::vector<std::string> lost_;    // by peer: why it is lost; "" while alive
+  std::vector<std::string> lost_;  // by peer: why it is lost; "" while alive
+  // By peer: 1 once UCX kept a failed receive with it past kLetGoBound (finish()).
+  std::vector<uint8_t> stuck_with_;
   std::vector<pid_t> readable_pid_;  // by peer: its process, where this rank can read it; else 0
   // By peer: from how many bytes on it reads this rank's messages by single copy; 0: never.
   std::vector<size_t> copy_from_;
