@@ -759,7 +759,9 @@ TEST_CASE("fsdp: exposed communication counts the waits a late rank causes, none
                "communication off: {} gathers, exposed {} ns in {} blocking waits", off.all_gathers,
                off.exposed_comm_ns, off.blocking_waits);
 
-    // Rank 1 is late by 300 ms (the fault measured, not a synchronisation): rank 0's first
+    // Rank 1 is late by 300 ms (the fault measured, not a synchronisation: no condition can
+    // say "late", and waiting for one rank 0 sets would let rank 1 in before rank 0 blocks, the
+    // race this lateness is there to exclude): rank 0's first
     // gather cannot complete before rank 1 posts its own, so rank 0 blocks in it. (Unless rank 0
     // itself stalled 300 ms between posting and waiting: then nothing blocked, and the check
     // would fail spuriously.) The time counted lies within the step's.

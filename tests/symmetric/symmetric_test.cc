@@ -851,9 +851,9 @@ TEST_CASE(
 // What the killed rank leaves for the parent and the survivors, in memory shared across the fork:
 // steady_clock is CLOCK_MONOTONIC, one clock for every process on the host.
 struct KillRecord {
-  std::atomic<int64_t> killed_at{0};  // steady_clock nanoseconds just before raise(SIGKILL)
-  std::atomic<uint64_t> entered{0};   // the killed rank's all_reduces begun (1, 2, ...)
-  std::atomic<int64_t> delay_ms{0};   // the random delay it was killed after
+  std::atomic<int64_t> killed_at{0};   // steady_clock nanoseconds just before raise(SIGKILL)
+  std::atomic<uint64_t> entered{0};    // the killed rank's all_reduces begun (1, 2, ...)
+  std::atomic<uint64_t> kill_call{0};  // the all_reduce it dies in, drawn at random
 };
 
 TEST_CASE(
@@ -885,10 +885,21 @@ TEST_CASE(
         const Tensor output = buffer->view<float>(count, count);
         const auto start = Clock::now();
         uint64_t completed = 0;
+        if (rank == 2) {
+          std::random_device seed;
+          record->kill_call = 2 + seed() % 8;
+        }
         while (Clock::now() - start < seconds(20)) {
           if (rank == 2) record->entered = completed + 1;
           try {
-            pg->all_reduce(input, output)->wait();
+            auto work = pg->all_reduce(input, output);
+            // Rank 2 dies in a call drawn at random, once it has posted it: the others are then
+            // in the call (or about to enter it) with rank 2's part outstanding.
+            if (rank == 2 && completed + 1 == record->kill_call) {
+              record->killed_at = Clock::now().time_since_epoch().count();
+              ::raise(SIGKILL);
+            }
+            work->wait();
           } catch (const Error& e) {
             const auto failed = Clock::now();
             const std::string what = e.what();
@@ -918,17 +929,6 @@ TEST_CASE(
             return;
           }
           ++completed;
-          // Rank 2 is killed a random delay after its first call, when every rank is in the loop.
-          if (rank == 2 && completed == 1) {
-            std::thread([record] {
-              std::random_device seed;
-              const int64_t delay = 20 + seed() % 100;
-              record->delay_ms = delay;
-              std::this_thread::sleep_for(milliseconds(delay));
-              record->killed_at = Clock::now().time_since_epoch().count();
-              ::raise(SIGKILL);
-            }).detach();
-          }
           RANK_CHECK(out[0] == 3.0f && out[count - 1] == 3.0f, "rank {} call {}: {} {}", rank,
                      completed, out[0], out[count - 1]);
         }
@@ -936,7 +936,7 @@ TEST_CASE(
       },
       seconds(60));
   ::unsetenv("WEFT_JOB_ID");
-  INFO(fmt::format("rank 2 killed after {} ms, in all_reduce {}\n{}", record->delay_ms.load(),
+  INFO(fmt::format("rank 2 killed in all_reduce {} (entered {})\n{}", record->kill_call.load(),
                    record->entered.load(), test::describe_failures(results)));
   for (const auto& r : results) {
     if (r.rank == 2) {
