@@ -180,11 +180,30 @@ void symmetric_all_reduce(const SymmetricContext& c, SymmetricOperand input,
   const auto [begin, end] = slice_of(count, element, c.anchor.rank(), ranks);
   const size_t chunk = std::max<size_t>(1, kChunkBytes / element);
   const size_t piece = std::min(chunk, end - begin);
-  detail::Scratch scratch(c.ctx, piece * element * (reduce::needs_premultiply(op) ? 2 : 1));
+  // Rank 0's output is where the sum goes first, straight from the inputs (one pass over them,
+  // none over a scratch chunk), and the other outputs are copied from it while it is in cache.
+  // In place that is still safe: this rank alone reads and writes its slice of every buffer, and
+  // input p's piece is read before output p's is written. The premultiplied ops, and an output
+  // that overlaps its input without being it, go through the scratch chunk.
+  const size_t total = count * element;
+  const std::byte* in0 = input.at(0);
+  const std::byte* out0 = output.at(0);
+  const bool direct = ranks >= 2 && !reduce::needs_premultiply(op) &&
+                      (out0 == in0 || out0 + total <= in0 || in0 + total <= out0);
+  detail::Scratch scratch(c.ctx,
+                          direct ? 0 : piece * element * (reduce::needs_premultiply(op) ? 2 : 1));
   symmetric_barrier(c, true, "enter");
   for (size_t first = begin; first < end; first += chunk) {
     const size_t n = std::min(chunk, end - first);
     const size_t at = first * element;
+    if (direct) {
+      std::byte* sum = output.at(0) + at;
+      reduce::combine(sum, input.at(0) + at, input.at(1) + at, n, dtype, op);
+      for (int p = 2; p < ranks; ++p) reduce::accumulate(sum, input.at(p) + at, n, dtype, op);
+      reduce::finalize(sum, n, dtype, op, ranks);
+      for (int p = 1; p < ranks; ++p) std::memcpy(output.at(p) + at, sum, n * element);
+      continue;
+    }
     std::byte* acc = scratch.data();
     reduce_piece(input, at, n, ranks, dtype, op, acc, acc + piece * element);
     // memcpy, not the streaming copy: in place, these lines were just read by reduce_piece and
