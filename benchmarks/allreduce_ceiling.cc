@@ -67,6 +67,7 @@
 #include <fmt/format.h>
 
 #include "runtime/copy.h"
+#include "runtime/cpu_binding.h"
 
 namespace {
 
@@ -519,11 +520,12 @@ int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   fmt::print(
       "# allreduce_ceiling: {} fp32{}, {} ranks, chunk {} B (shm, cma), best of {} runs; "
-      "busbw = {} x bytes / time, GB/s = 1e9 B/s\n",
+      "busbw = {} x bytes / time, GB/s = 1e9 B/s; ranks bound to cores when they fit them\n",
       kOpNames[int(o.op)], o.op == Op::all_gather ? "" : " sum", o.ranks, o.chunk, o.iters,
       o.op == Op::all_reduce ? "2(P-1)/P" : "(P-1)/P");
   if (o.cma_left_out) fmt::print("# cma: 2 ranks only, not run\n");
   bool failed = false;
+  const std::vector<weft::CpuInfo> cpus = weft::allowed_cpus();
   for (Scheme scheme : o.schemes) {
     for (size_t bytes : o.sizes) {
       Counts c = counts(o.op, o.ranks, bytes);
@@ -532,7 +534,12 @@ int main(int argc, char** argv) {
           mapped ? (page_round(c.in) + page_round(c.out)) * sizeof(float) : 3 * o.chunk;
       Shared shared(o.ranks, slot_bytes);
       for (int r = 0; r < o.ranks; ++r) {
-        if (fork() == 0) _exit(run_rank(shared, o, scheme, r, bytes) == 0 ? 0 : 3);
+        // Each rank on its share of the cores when they fit, as weft-perf's and mpirun's ranks.
+        const cpu_set_t mask = weft::cpu_mask(weft::cpu_share(cpus, r, o.ranks));
+        if (fork() == 0) {
+          if (CPU_COUNT(&mask) > 0) sched_setaffinity(0, sizeof mask, &mask);
+          _exit(run_rank(shared, o, scheme, r, bytes) == 0 ? 0 : 3);
+        }
       }
       // A rank exits 3 when its output was wrong, anything else when it failed (its time and
       // count are then not to be trusted).

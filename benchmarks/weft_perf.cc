@@ -55,6 +55,7 @@
 #include "weft/symmetric_buffer.h"
 
 #include "benchmarks/nccl_tests_table.h"
+#include "runtime/cpu_binding.h"
 #include "runtime/cuda_runtime.h"
 
 #ifndef WEFT_VERSION
@@ -92,7 +93,10 @@ struct Options {
   std::string json_path;
   std::string csv_path;
   std::string backend;
-  int symmetric = 0;               // -R 1: send and receive buffers in one symmetric buffer
+  int symmetric = 0;  // -R 1: send and receive buffers in one symmetric buffer
+  // --bind-to: the ranks started here (no launcher) are bound to cores when they fit them, as
+  // mpirun binds its ranks (runtime/cpu_binding.h); false: --bind-to none.
+  bool bind_to_core = true;
   bool cuda = false;               // --device cuda[:N]: buffers in CUDA device memory
   int cuda_device = -1;            // N of cuda:N; -1: the local rank modulo the device count
   bool corrupt = false;            // test hook: flip one element before checking
@@ -154,7 +158,7 @@ std::string usage_text(const std::string& name) {
       "usage: {} {}[-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
       "       [-m AGG] [-d TYPE|all] [-o OP|all] [-r ROOT|all] [-c CHECKS] [-z 0..3] [-a 0..3]\n"
       "       [-N CYCLES] [-T SECONDS] [-J FILE.json] [--csv FILE.csv] [-g N] [-t N]\n"
-      "       [-R 0|1] [--backend NAME] [--device cpu|cuda|cuda:N]\n"
+      "       [-R 0|1] [--backend NAME] [--device cpu|cuda|cuda:N] [--bind-to core|none]\n"
       "nccl-tests' flags, also as --long_name VALUE or --long_name=VALUE (docs/weft-perf.md);\n"
       "-R 1 puts the buffers in symmetric memory (zero-copy collectives between local ranks,\n"
       "docs/symmetric-memory.md);\n"
@@ -163,7 +167,8 @@ std::string usage_text(const std::string& name) {
       "-G, -C, -S, -p, -y, -x, -D, -V, -M, -u, -I, -K are accepted and ignored with a note.\n"
       "{}"
       "Launch under weftrun, mpirun or srun; without a launcher, -g N x -t M ranks are started\n"
-      "here (one process each).\n",
+      "here (one process each), each bound to its share of the cores when they fit them, as\n"
+      "mpirun does (--bind-to none: not bound).\n",
       name, link ? "" : "COLLECTIVE|all ",
       link ? ""
            : "collectives: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
@@ -401,6 +406,10 @@ Options parse(int argc, char** argv) {
       o.symmetric = parse_int(flag, v, 0, 1);
     else if (flag == "--device")
       parse_device(o, v);
+    else if (flag == "--bind-to" && (v == "core" || v == "none"))
+      o.bind_to_core = v == "core";
+    else if (flag == "--bind-to")
+      usage_error("--bind-to " + v + ": expected core or none");
     else if (auto it = kIgnored.find(flag); it != kIgnored.end())
       o.notes.push_back(fmt::format("{} {} ignored: {}", flag, v, it->second));
     else
@@ -1061,11 +1070,14 @@ std::vector<std::string> device_lines(ProcessGroup& pg, Control& control, const 
   constexpr size_t kLine = kDeviceLine;
   char host[128] = {};
   gethostname(host, sizeof host - 1);
+  // The CPUs it may run on (its binding, --bind-to), as Open MPI's --report-bindings says.
+  std::vector<int> cpus;
+  for (const weft::CpuInfo& info : weft::allowed_cpus()) cpus.push_back(info.cpu);
   std::string line = fmt::format(
       "#  Rank {:2d} Group  0 Pid {:6d} on {:>10} device {:2d} [0000:00:00] "
-      "{}, weft backend {}",
+      "{}, weft backend {}, CPUs {}",
       pg.rank(), int(getpid()), host, std::max(buffers.device, 0),
-      buffers.on_device() ? "cuda" : "cpu", backend);
+      buffers.on_device() ? "cuda" : "cpu", backend, weft::cpu_list_text(cpus));
   std::vector<char> mine(kLine, 0), all(kLine * pg.size());
   std::memcpy(mine.data(), line.data(), std::min(line.size(), kLine - 1));
   control.all_gather(Tensor{all.data(), all.size(), DType::UInt8, Device{}},
@@ -1376,10 +1388,18 @@ int run_here(const Options& o) {
   } else {
     std::fflush(nullptr);
     std::vector<pid_t> children;
+    const std::vector<weft::CpuInfo> cpus = weft::allowed_cpus();
     for (int r = 0; r < ranks; ++r) {
+      const std::vector<int> share =
+          o.bind_to_core ? weft::cpu_share(cpus, r, ranks) : std::vector<int>{};
       pid_t pid = ::fork();
       if (pid == 0) {
         ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+        const cpu_set_t mask = weft::cpu_mask(share);
+        if (!share.empty() && ::sched_setaffinity(0, sizeof mask, &mask) != 0) {
+          fmt::print(stderr, "{}: rank {}: cannot bind to CPUs {} (running unbound): {}\n",
+                     g_program, r, weft::cpu_list_text(share), std::strerror(errno));
+        }
         std::exit(run_rank(o, url(r), r));
       }
       if (pid < 0) {

@@ -70,6 +70,9 @@ options:
   --rdzv-id ID           the job's id (WEFT_JOB_ID), the same on every node: ranks of another
                          job are refused (default: random on one node; from --master-addr and
                          --master-port across nodes)
+  --bind-to core|none    core: bind each rank to its share of the cores weftrun may use, as
+                         mpirun does, when the ranks fit them (else no binding, said once);
+                         none: the scheduler places them (default, as torchrun)
   -h, --help             this text
 Flags also take --flag=VALUE, and underscores (--nproc_per_node) as torchrun does.
 docs/launching.md has the details.
@@ -135,6 +138,12 @@ Options parse_options(const std::vector<std::string>& args) {
       options.prefix = false;
     } else if (flag == "--grace-period") {
       options.grace_period = to_seconds(flag, take_value());
+    } else if (flag == "--bind-to") {
+      const std::string how = take_value();
+      if (how != "core" && how != "none") {
+        bad(fmt::format("--bind-to {}: expected core or none", how));
+      }
+      options.bind_to_core = how == "core";
     } else if (flag == "--rdzv-id") {
       options.job_id = take_value();
       if (options.job_id.empty()) bad("--rdzv-id needs an id");

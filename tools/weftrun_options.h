@@ -27,6 +27,9 @@ struct Options {
   // on one node, and derived from --master-addr and --master-port across nodes, so that every
   // node's weftrun computes the same one.
   std::string job_id;
+  // --bind-to core: each rank bound to its share of this node's cores (runtime/cpu_binding.h),
+  // when the ranks fit them; none (the default, as torchrun): the scheduler places them.
+  bool bind_to_core = false;
   bool help = false;
   // The program and its arguments.
   std::vector<std::string> command;

@@ -19,6 +19,7 @@
 #include "weft/config.h"
 #include "weft/tcp_store.h"
 
+#include "runtime/cpu_binding.h"
 #include "runtime/fd_limit.h"
 #include "runtime/shm_names.h"
 
@@ -109,6 +110,17 @@ Supervisor::Supervisor(const Options& options, uint16_t store_port)
     ranks_[local].local_rank = local;
     ranks_[local].rank = options_.node_rank * options_.nproc_per_node + local;
   }
+  if (options_.bind_to_core) {
+    const std::vector<CpuInfo> cpus = allowed_cpus();
+    for (Rank& rank : ranks_) {
+      rank.cpus = cpu_share(cpus, rank.local_rank, options_.nproc_per_node);
+    }
+    if (ranks_.empty() || ranks_[0].cpus.empty()) {
+      // As mpirun when oversubscribed: every rank may run anywhere.
+      fmt::print(stderr, "weftrun: --bind-to core: {} ranks on {} CPUs; not binding them\n",
+                 options_.nproc_per_node, cpus.size());
+    }
+  }
 }
 
 Supervisor::~Supervisor() {
@@ -156,6 +168,10 @@ void Supervisor::spawn(Rank& rank) {
   for (const std::string& a : options_.command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::string exec_failed = fmt::format("weftrun: cannot run {}: ", options_.command[0]);
+  const cpu_set_t mask = cpu_mask(rank.cpus);
+  const std::string bind_failed =
+      fmt::format("weftrun: rank {}: cannot bind to CPUs {} (running unbound): ", rank.rank,
+                  cpu_list_text(rank.cpus));
   pid_t parent = getpid();
 
   pid_t pid = fork();
@@ -174,6 +190,13 @@ void Supervisor::spawn(Rank& rank) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    // Before exec: the program and every thread it starts inherit the mask.
+    if (!rank.cpus.empty() && sched_setaffinity(0, sizeof mask, &mask) != 0) {
+      int error = errno;
+      write_fully(STDERR_FILENO, bind_failed);
+      write_fully(STDERR_FILENO, strerror(error));
+      write_fully(STDERR_FILENO, "\n");
+    }
     execvpe(argv[0], argv.data(), envp.data());
     int error = errno;
     write_fully(STDERR_FILENO, exec_failed);

@@ -53,6 +53,7 @@ class Supervisor {
   struct Rank {
     int rank = 0;
     int local_rank = 0;
+    std::vector<int> cpus;  // --bind-to core: the CPUs it is bound to; empty: not bound
     pid_t pid = -1;
     int fds[2] = {-1, -1};   // read ends of the rank's stdout and stderr
     std::string partial[2];  // an unfinished line per stream

@@ -67,6 +67,7 @@
 #include <fmt/format.h>
 
 #include "peer_common.h"
+#include "runtime/cpu_binding.h"
 
 namespace {
 
@@ -407,7 +408,11 @@ int spawn(int n, const peers::Options& o, GlooOptions g) {
   std::fflush(stdout);
   std::fflush(stderr);
   std::map<pid_t, int> running;  // pid -> rank
+  // Each rank on its share of the cores when they fit, as mpirun and weft's launchers bind theirs
+  // in benchmarks/compare.
+  const std::vector<weft::CpuInfo> cpus = weft::allowed_cpus();
   for (int rank = 0; rank < n; ++rank) {
+    const cpu_set_t mask = weft::cpu_mask(weft::cpu_share(cpus, rank, n));
     pid_t pid = fork();
     if (pid < 0) {
       std::perror("gloo_bench: fork");
@@ -416,6 +421,7 @@ int spawn(int n, const peers::Options& o, GlooOptions g) {
     }
     if (pid == 0) {
       sigprocmask(SIG_UNBLOCK, &chld, nullptr);
+      if (CPU_COUNT(&mask) > 0) sched_setaffinity(0, sizeof mask, &mask);
       int rc = 0;
       try {
         rank_main(rank, n, o, g);

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "runtime/cpu_binding.h"
 #include "tests/support/multiproc.h"
 
 namespace {
@@ -358,6 +359,48 @@ TEST_CASE("weftrun gives its ranks one WEFT_JOB_ID, --rdzv-id's when given, a ne
   CHECK(ids[0] != ids[1]);
 }
 
+TEST_CASE("weftrun --bind-to core binds each rank to its share of the cores; none by default",
+          "[launch][weftrun][multiproc]") {
+  const std::vector<weft::CpuInfo> cpus = weft::allowed_cpus();
+  std::vector<int> every;
+  for (const weft::CpuInfo& info : cpus) every.push_back(info.cpu);
+  const std::string show = "grep Cpus_allowed_list: /proc/self/status";
+  {
+    Weftrun run({"--nproc-per-node", "2", "--standalone", "--prefix", "--bind-to", "core",
+                 "/bin/sh", "-c", show});
+    REQUIRE(run.finish() == 0);
+    for (int r = 0; r < 2; ++r) {
+      std::vector<int> share = weft::cpu_share(cpus, r, 2);
+      if (share.empty()) share = every;  // one CPU here: not bound, and said so
+      CHECK_THAT(run.output(), Catch::Contains(fmt::format("[{}]: Cpus_allowed_list:\t{}\n", r,
+                                                           weft::cpu_list_text(share))));
+    }
+    if (cpus.size() < 2) CHECK_THAT(run.output(), Catch::Contains("not binding them"));
+  }
+  {
+    // More ranks than CPUs: every rank keeps weftrun's CPUs, and weftrun says why once.
+    const int ranks = static_cast<int>(cpus.size()) + 1;
+    Weftrun run({"--nproc-per-node", std::to_string(ranks), "--standalone", "--prefix", "--bind-to",
+                 "core", "/bin/sh", "-c", show});
+    REQUIRE(run.finish() == 0);
+    CHECK_THAT(run.output(),
+               Catch::Contains(fmt::format("--bind-to core: {} ranks on {} CPUs; not binding them",
+                                           ranks, cpus.size())));
+    for (int r = 0; r < ranks; ++r) {
+      CHECK_THAT(run.output(), Catch::Contains(fmt::format("[{}]: Cpus_allowed_list:\t{}\n", r,
+                                                           weft::cpu_list_text(every))));
+    }
+  }
+  {
+    Weftrun run({"--nproc-per-node", "2", "--standalone", "--prefix", "/bin/sh", "-c", show});
+    REQUIRE(run.finish() == 0);
+    for (int r = 0; r < 2; ++r) {
+      CHECK_THAT(run.output(), Catch::Contains(fmt::format("[{}]: Cpus_allowed_list:\t{}\n", r,
+                                                           weft::cpu_list_text(every))));
+    }
+  }
+}
+
 TEST_CASE("20 jobs interrupted in shared-memory set-up leave no segment in /dev/shm",
           "[launch][weftrun][multiproc]") {
   const bool isolated = private_dev_shm();
@@ -451,6 +494,7 @@ TEST_CASE("weftrun refuses bad flags with a message and exit code 2", "[launch][
            {{"--grace-period", "-1", "x"}, "expected seconds"},
            {{"--nproc-per-node"}, "--nproc-per-node needs a value"},
            {{"--standalone"}, "no program given"},
+           {{"--bind-to", "socket", "x"}, "--bind-to socket: expected core or none"},
        }) {
     Weftrun run(c.args);
     INFO(fmt::format("{}", fmt::join(c.args, " ")));

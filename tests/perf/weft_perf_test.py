@@ -113,7 +113,7 @@ def case_golden(weftrun, perf, _schema):
             continue
         pattern = re.escape(w)
         for mask, rx in (("<version>", r"\S+"), ("<pid>", r" *\d+"), ("<host>", r" *\S+"),
-                         ("<number>", r"[\d.e+-]+")):
+                         ("<number>", r"[\d.e+-]+"), ("<cpus>", r"[\d,-]+")):
             pattern = pattern.replace(re.escape(mask), rx)
         check(re.fullmatch(pattern, g) is not None, f"line {g!r}\n  differs from {w!r}")
 
@@ -339,6 +339,34 @@ def case_nccl(weftrun, link, _schema):
     check(nccl_log.parse(proc.stdout) == [], f"a result line from mismatched ranks:\n{out}")
     check("Desync: " in out and "called this collective with different arguments" in out and
           "rerun with WEFT_DEBUG=detail" in out, f"no Desync that says what to do:\n{out}")
+
+    # The ranks weft-perf starts itself are bound to cores when they fit them (each line names
+    # its CPUs), and not with --bind-to none; a bad value is a usage error.
+    def cpus_of(out):
+        found = re.findall(r"^#  Rank +(\d+) .* CPUs ([\d,-]+)$", out, re.M)
+        return {int(r): set(expand(c)) for r, c in found}
+
+    def expand(text):
+        cpus = []
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            cpus += range(int(first), int(last or first) + 1)
+        return cpus
+
+    allowed = os.sched_getaffinity(0)
+    proc = run_alone(link, ["-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "-g", "2"])
+    bound = cpus_of(proc.stdout)
+    check(sorted(bound) == [0, 1], f"no CPUs on the rank lines:\n{proc.stdout}")
+    if len(allowed) >= 2:
+        check(bound[0] and bound[1] and not bound[0] & bound[1] and
+              bound[0] | bound[1] <= allowed, f"-g 2 not bound to two shares: {bound}")
+    proc = run_alone(link, ["-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "-g", "2",
+                            "--bind-to", "none"])
+    check(cpus_of(proc.stdout) == {0: allowed, 1: allowed},
+          f"--bind-to none bound: {cpus_of(proc.stdout)}, allowed {allowed}")
+    proc = run_alone(link, ["-b", "1K", "-e", "1K", "--bind-to", "socket"], expect_ok=False)
+    check(proc.returncode == 2 and "--bind-to socket: expected core or none" in proc.stderr,
+          f"--bind-to socket: exit {proc.returncode}\n{proc.stderr}")
 
     # A usage error, once for the job, not once per rank.
     proc = run(weftrun, link, 3, ["-b", "lots"], expect_ok=False)
