@@ -10,7 +10,7 @@
 namespace weft::collectives {
 namespace {
 
-constexpr std::array<std::pair<Algorithm, std::string_view>, 11> kAlgorithmNames = {{
+constexpr std::array<std::pair<Algorithm, std::string_view>, 12> kAlgorithmNames = {{
     {Algorithm::Auto, "auto"},
     {Algorithm::Ring, "ring"},
     {Algorithm::RecursiveDoubling, "recursive_doubling"},
@@ -22,6 +22,7 @@ constexpr std::array<std::pair<Algorithm, std::string_view>, 11> kAlgorithmNames
     {Algorithm::HalvingDoubling, "halving_doubling"},
     {Algorithm::Hierarchical, "hierarchical"},
     {Algorithm::Slots, "slots"},
+    {Algorithm::Bounce, "bounce"},
 }};
 
 size_t small_message_bytes(Link link) {
@@ -84,6 +85,7 @@ bool supports(Op op, Algorithm algorithm) {
     return op == Op::AllReduce || op == Op::ReduceScatter || op == Op::AllGather ||
            op == Op::Broadcast;
   }
+  if (algorithm == Algorithm::Bounce) return op == Op::AllReduce || op == Op::ReduceScatter;
   if (algorithm == Algorithm::Slots) {
     return op == Op::AllReduce || op == Op::Reduce || op == Op::AllGather ||
            op == Op::ReduceScatter || op == Op::Broadcast || op == Op::Barrier;
@@ -174,7 +176,8 @@ Algorithm choose(Op op, size_t bytes, int world_size, Link link, std::string_vie
         fmt::format("unknown algorithm \"{}\" (WEFT_ALGO takes one of: {})", forced, names));
   }
   if (*algorithm == Algorithm::Auto || *algorithm == Algorithm::Hierarchical ||
-      *algorithm == Algorithm::Slots || !supports(op, *algorithm)) {
+      *algorithm == Algorithm::Slots || *algorithm == Algorithm::Bounce ||
+      !supports(op, *algorithm)) {
     return choose(op, bytes, world_size, link);
   }
   return *algorithm;

@@ -73,6 +73,9 @@ enum class Algorithm : uint8_t {
   Slots,              // "slots": slot_collectives.h (small all_reduce, reduce, all_gather,
                       // reduce_scatter, broadcast and barrier on a group on one host, when its
                       // transport offers shared slots; chosen by the dispatch, not by choose())
+  Bounce,             // "bounce": symmetric.h's bounce_all_reduce and bounce_reduce_scatter
+                      // (from 64 KiB of input on a group on one host with shared memory, through
+                      // the group's bounce region; chosen by the dispatch, not by choose())
 };
 
 // Crossovers (bytes) from the model above; assumptions until measured.

@@ -104,6 +104,12 @@ void rail_all_reduce(const Context& ctx, const NodeLayout& layout, void* data, s
   }
 }
 
+// How barrier messages name a region: "buffer #3", or the group's bounce buffer.
+std::string region_name(const SymmetricRegion& region) {
+  return region.id() == SymmetricMemory::kBounceId ? std::string("the group's bounce buffer")
+                                                   : fmt::format("buffer #{}", region.id());
+}
+
 }  // namespace
 
 void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* phase) {
@@ -135,8 +141,8 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
   } catch (const Error& e) {
     // PeerLost or Aborted from the transport's liveness check: say where, as the message path's
     // "ring all_reduce reduce-scatter step 3/6: ..." does.
-    throw Error(e.code(), fmt::format("symmetric barrier ({}) on buffer #{}: {}", phase,
-                                      region.id(), e.what()));
+    throw Error(e.code(), fmt::format("symmetric barrier ({}) on {}: {}", phase,
+                                      region_name(region), e.what()));
   }
   if (!arrived) {
     std::vector<int> absent;
@@ -148,10 +154,10 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
     const auto waited =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
     throw Error(ErrorCode::Timeout,
-                fmt::format("symmetric barrier ({}) on buffer #{}: Timeout after {} ms: rank(s) "
+                fmt::format("symmetric barrier ({}) on {}: Timeout after {} ms: rank(s) "
                             "{} had not arrived (stopped, hung, or running another collective: "
                             "every rank must pass tensors in this buffer, or none)",
-                            phase, region.id(), waited.count(), fmt::join(absent, ", ")));
+                            phase, region_name(region), waited.count(), fmt::join(absent, ", ")));
   }
   if (!check_call) return;
   for (int p = 0; p < ranks; ++p) {
@@ -164,10 +170,10 @@ void symmetric_barrier(const SymmetricContext& c, bool check_call, const char* p
     }
     if (c.negotiate && theirs.seq == c.call.seq && theirs.shape == c.call.shape) continue;
     throw Error(ErrorCode::Desync,
-                fmt::format("symmetric barrier ({}) on buffer #{}: Desync: rank {} runs {}; this "
+                fmt::format("symmetric barrier ({}) on {}: Desync: rank {} runs {}; this "
                             "rank runs {} (every rank must pass the same call, with its tensors "
                             "at the same offsets of the same buffers)",
-                            phase, region.id(), region.member(p), describe_call(theirs),
+                            phase, region_name(region), region.member(p), describe_call(theirs),
                             describe_call(c.call)));
   }
 }
@@ -211,6 +217,135 @@ void symmetric_all_reduce(const SymmetricContext& c, SymmetricOperand input,
     for (int p = 0; p < ranks; ++p) std::memcpy(output.at(p) + at, acc, n * element);
   }
   symmetric_barrier(c, false, "leave");
+}
+
+namespace {
+
+// The half of every block of the bounce region that the next chunk uses (an offset in bytes),
+// and the chunk counted (symmetric.h, "bounce").
+size_t next_bounce_half(SymmetricRegion& bounce) {
+  const size_t half = bounce.size() / 2 / kLineBytes * kLineBytes;
+  return (bounce.chunks()++ % 2) * half;
+}
+
+// sum = source(0) op source(1) op ... source(P-1), n elements, in rank order, finalised (Avg's
+// division). `sum` may be source 0 or 1 exactly (combine reads both before it writes), never a
+// later one (it would be overwritten before its turn).
+template <typename Source>
+void sum_in_rank_order(std::byte* sum, const Source& source, int ranks, size_t n, DType dtype,
+                       ReduceOp op) {
+  reduce::combine(sum, source(0), source(1), n, dtype, op);
+  for (int p = 2; p < ranks; ++p) reduce::accumulate(sum, source(p), n, dtype, op);
+  reduce::finalize(sum, n, dtype, op, ranks);
+}
+
+}  // namespace
+
+void bounce_all_reduce(const SymmetricContext& c, const void* input, void* output, size_t count,
+                       DType dtype, ReduceOp op) {
+  reduce::check_supported(dtype, op);
+  SymmetricRegion& bounce = c.anchor;
+  const size_t element = dtype_size(dtype);
+  const int ranks = bounce.ranks();
+  const int rank = bounce.rank();
+  // Each half of a block: an inputs area, then a results area, a chunk each.
+  const size_t area = bounce.size() / 4 / kLineBytes * kLineBytes;
+  const size_t chunk = std::max<size_t>(1, area / element);
+  const bool premultiply = reduce::needs_premultiply(op);
+  const auto* in = static_cast<const std::byte*>(input);
+  auto* out = static_cast<std::byte*>(output);
+  // This rank's own slice is read from its private input, unless it must be premultiplied, or
+  // the sum (written straight into the output) would overwrite it before its turn in the rank
+  // order (in place, from rank 2 on): then it goes through the inputs area too.
+  const bool own_staged = premultiply || (in == out && rank >= 2);
+  for (size_t first = 0; first < count; first += chunk) {
+    const size_t n = std::min(chunk, count - first);
+    const std::byte* my_in = in + first * element;
+    std::byte* my_out = out + first * element;
+    const size_t inputs = next_bounce_half(bounce);
+    const size_t results = inputs + area;
+    // 1. The slices the peers sum go into this rank's inputs area (its own too when
+    //    own_staged; premultiplied for PremulSum).
+    for (int q = 0; q < ranks; ++q) {
+      if (q == rank && !own_staged) continue;
+      const auto [b, e] = slice_of(n, element, q, ranks);
+      std::byte* to = bounce.block(rank) + inputs + b * element;
+      if (premultiply) {
+        reduce::premultiply(to, my_in + b * element, e - b, dtype, op.factor);
+      } else {
+        std::memcpy(to, my_in + b * element, (e - b) * element);
+      }
+    }
+    symmetric_barrier(c, first == 0, "bounce all_reduce: inputs in");
+    // 2. This rank's slice, summed in rank order straight into its output, and copied into its
+    //    results area for the peers.
+    const auto [begin, end] = slice_of(n, element, rank, ranks);
+    if (end > begin) {
+      const size_t at = begin * element;
+      const size_t m = end - begin;
+      auto source = [&](int p) -> const std::byte* {
+        return p == rank && !own_staged ? my_in + at : bounce.block(p) + inputs + at;
+      };
+      std::byte* sum = my_out + at;
+      sum_in_rank_order(sum, source, ranks, m, dtype, op);
+      std::memcpy(bounce.block(rank) + results + at, sum, m * element);
+    }
+    symmetric_barrier(c, false, "bounce all_reduce: sums out");
+    // 3. The peers' slices from their results areas.
+    for (int q = 0; q < ranks; ++q) {
+      if (q == rank) continue;
+      const auto [b, e] = slice_of(n, element, q, ranks);
+      std::memcpy(my_out + b * element, bounce.block(q) + results + b * element, (e - b) * element);
+    }
+  }
+}
+
+void bounce_reduce_scatter(const SymmetricContext& c, const void* input, void* output, size_t count,
+                           DType dtype, ReduceOp op) {
+  reduce::check_supported(dtype, op);
+  SymmetricRegion& bounce = c.anchor;
+  const size_t element = dtype_size(dtype);
+  const int ranks = bounce.ranks();
+  const int rank = bounce.rank();
+  // Each half of a block holds one piece of every rank's block of the input, on 64-byte lines.
+  const size_t half = bounce.size() / 2 / kLineBytes * kLineBytes;
+  const size_t piece_bytes = std::max(kLineBytes, half / ranks / kLineBytes * kLineBytes);
+  const size_t piece = std::max<size_t>(1, piece_bytes / element);
+  const bool premultiply = reduce::needs_premultiply(op);
+  const auto* in = static_cast<const std::byte*>(input);
+  auto* out = static_cast<std::byte*>(output);
+  const std::byte* own = in + static_cast<size_t>(rank) * count * element;
+  // As all_reduce's: in place (the output is this rank's block of the input) the sum would
+  // overwrite the own piece before its turn from rank 2 on.
+  const bool own_staged = premultiply || (own == out && rank >= 2);
+  for (size_t first = 0; first < count; first += piece) {
+    const size_t n = std::min(piece, count - first);
+    const size_t at = next_bounce_half(bounce);
+    // 1. Piece `first` of every block a peer sums goes into slot q of this rank's half.
+    for (int q = 0; q < ranks; ++q) {
+      if (q == rank && !own_staged) continue;
+      const std::byte* from = in + (static_cast<size_t>(q) * count + first) * element;
+      std::byte* to = bounce.block(rank) + at + static_cast<size_t>(q) * piece_bytes;
+      if (premultiply) {
+        reduce::premultiply(to, from, n, dtype, op.factor);
+      } else {
+        std::memcpy(to, from, n * element);
+      }
+    }
+    symmetric_barrier(c, first == 0, "bounce reduce_scatter: inputs in");
+    // 2. Piece `first` of this rank's block, summed in rank order straight into its output. No
+    //    second barrier: the next chunk writes the other half, and the one after waits for the
+    //    next chunk's first barrier, which every peer enters after its reads of this one.
+    auto source = [&](int p) -> const std::byte* {
+      if (p == rank && !own_staged) return own + first * element;
+      return bounce.block(p) + at + static_cast<size_t>(rank) * piece_bytes;
+    };
+    sum_in_rank_order(out + first * element, source, ranks, n, dtype, op);
+  }
+  // A call of one chunk has had one barrier: a peer that left it could enter its next call's
+  // first barrier and rewrite its call words while this rank still compares them (symmetric
+  // memory's invariant 2). A second barrier keeps them put until every rank has compared.
+  if (count <= piece) symmetric_barrier(c, false, "bounce reduce_scatter: calls compared");
 }
 
 void symmetric_reduce(const SymmetricContext& c, SymmetricOperand input, void* output, size_t count,

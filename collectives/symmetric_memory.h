@@ -119,6 +119,9 @@ class SymmetricRegion final : public SymmetricBuffer {
   SymmetricSlot& slot(int r) const;
   // Barriers this rank has entered on the region (progress thread only).
   uint64_t& epoch() { return epoch_; }
+  // Chunks the bounce collectives have run on the region (progress thread only): chunk k uses
+  // half k % 2 of every block (symmetric.h).
+  uint64_t& chunks() { return chunks_; }
 
   // Holds the region mapped for one collective: release() refuses while any Use lives.
   class Use {
@@ -151,6 +154,7 @@ class SymmetricRegion final : public SymmetricBuffer {
   const SymmetricLayout layout_;
   std::byte* const base_;
   uint64_t epoch_ = 0;
+  uint64_t chunks_ = 0;
   mutable std::mutex mutex_;
   std::shared_ptr<void> mapping_;  // guarded by mutex_; null once released
   // Guarded by mutex_: the collectives holding a Use, oldest first. A list: thousands of queued
@@ -166,6 +170,18 @@ class SymmetricMemory {
   // maps `bytes` per rank. Blocks at most until `deadline`. Throws Error(Io) when the memory
   // cannot be made (a full /dev/shm), Timeout, PeerLost.
   virtual std::shared_ptr<SymmetricRegion> allocate(size_t bytes, Clock::time_point deadline) = 0;
+
+  // The id of the group's bounce region: no buffer of the program's has it.
+  static constexpr uint64_t kBounceId = ~uint64_t{0};
+  // Collective over the group (every rank calls it at the same collective, once per group, on
+  // the progress thread): a region of `bytes` per rank that weft's own bounce collectives use
+  // (symmetric.h, bounce_all_reduce), id kBounceId, apart from the program's buffers (their ids
+  // and find() are unaffected, so it may run while the program allocates on another thread).
+  // Null when this memory offers none (the default; a group spanning hosts). Throws as allocate().
+  virtual std::shared_ptr<SymmetricRegion> allocate_bounce(size_t /*bytes*/,
+                                                           Clock::time_point /*deadline*/) {
+    return nullptr;
+  }
 
   // Wakes every peer that may wait in wait_until() (after publishing an arrival).
   virtual void wake_peers() = 0;

@@ -1,6 +1,7 @@
 #include "backends/common/transport_backend.h"
 
 #include <algorithm>
+#include <bit>
 
 #include <fmt/format.h>
 
@@ -24,6 +25,12 @@ namespace {
 // otherwise double its latency. Above it, the transfer dwarfs a wake-up, and starting at once on
 // the progress thread gives the caller the most overlap.
 constexpr size_t kDeferBytes = 64 * 1024;
+
+// all_reduce and reduce_scatter (their whole input) from this size on a group of one host run
+// bounced (runs_bounced()), in chunks of kBounceChunk through a bounce region of four chunks per
+// rank: two halves (symmetric.h).
+constexpr size_t kBounceBytes = 64 * 1024;
+constexpr size_t kBounceChunk = 1 << 20;
 
 // `inner` is an error raised below the collective (by its transport, its algorithm), which
 // already names this rank, its group and the code: "recursive_doubling all_reduce step 1/1:
@@ -274,12 +281,61 @@ void TransportBackend::run(const Collective& collective, const ErrorContext& con
         collectives::fingerprinted_seq(collective.seq, call_fingerprint(collective, dtype));
     collectives::Context ctx{*transport_, seq, deadline};
     ctx.scratch = &scratch_;
+    if (zero_copy == nullptr && runs_bounced(collective)) {
+      run_bounced(collective, ctx, context);
+      return;
+    }
     // run_symmetric() declines (every rank alike) an all_to_all whose ranks' splits differ.
     if (zero_copy == nullptr ||
         !run_symmetric(collective, ctx, *transport_->symmetric_memory(), *zero_copy)) {
       run_collective(collective, ctx, plan_);
     }
   });
+}
+
+bool TransportBackend::runs_bounced(const Collective& c) const {
+  const bool kind = c.kind == CollectiveKind::AllReduce ||
+                    (c.kind == CollectiveKind::ReduceScatter && !c.counts.empty() &&
+                     std::adjacent_find(c.counts.begin(), c.counts.end(), std::not_equal_to<>()) ==
+                         c.counts.end());
+  return kind && options_.size > 1 && c.inputs.size() == 1 && c.outputs.size() == 1 &&
+         c.inputs[0].nbytes() >= kBounceBytes && plan_.nodes.node_count() == 1 &&
+         (plan_.algo.empty() || plan_.algo == "auto" || plan_.algo == "bounce") &&
+         transport_->symmetric_memory() != nullptr;
+}
+
+void TransportBackend::run_bounced(const Collective& c, const collectives::Context& ctx,
+                                   const ErrorContext& context) {
+  collectives::SymmetricMemory& memory = *transport_->symmetric_memory();
+  if (!bounce_) {
+    try {
+      bounce_ = memory.allocate_bounce(4 * kBounceChunk, ctx.deadline);
+    } catch (const Error& e) {
+      // A peer that mapped it would wait in its first barrier for this rank: breaking the group
+      // tells every peer at once.
+      const std::string detail = without_repeats(e.what(), context, e.code());
+      break_group(context, std::make_exception_ptr(Error(e.code(), context, detail)));
+      throw;
+    }
+  }
+  if (!bounce_) {
+    // Every rank of the group gets the same answer from the same layout.
+    throw Error(ErrorCode::Internal, "bounce: the transport made no bounce region");
+  }
+  const Tensor& in = c.inputs[0];
+  collectives::SymmetricCall call;
+  call.seq = c.seq;
+  call.shape = static_cast<uint64_t>(c.kind) | static_cast<uint64_t>(in.dtype) << 8 |
+               static_cast<uint64_t>(c.op.kind) << 16;
+  call.factor = c.op.kind == ReduceOp::PremulSum ? std::bit_cast<uint64_t>(c.op.factor) : 0;
+  call.count = in.count;
+  collectives::SymmetricContext sc{.ctx = ctx, .memory = memory, .anchor = *bounce_, .call = call};
+  note_algorithm(c.trace, collectives::algorithm_name(collectives::Algorithm::Bounce));
+  if (c.kind == CollectiveKind::ReduceScatter) {
+    collectives::bounce_reduce_scatter(sc, in.data, c.outputs[0].data, c.counts[0], in.dtype, c.op);
+  } else {
+    collectives::bounce_all_reduce(sc, in.data, c.outputs[0].data, in.count, in.dtype, c.op);
+  }
 }
 
 }  // namespace weft::backends

@@ -80,6 +80,15 @@ class TransportBackend final : public Backend {
   // member whose part was done early is named too.
   void guarded(const ErrorContext& context, bool symmetric,
                const std::function<void(collectives::Clock::time_point)>& body);
+  // Whether `c` runs bounced (collectives/symmetric.h, bounce_*): an all_reduce, or a
+  // reduce_scatter of equal blocks, whose input is at least kBounceBytes, on a group of one host
+  // with symmetric memory, no other algorithm forced. Every rank decides alike (the call and the
+  // group's layout are the same everywhere).
+  bool runs_bounced(const Collective& c) const;
+  // Runs `c` bounced, allocating the group's bounce region at its first use.
+  // A failed allocation breaks the group (a peer may have mapped it and wait in its barrier).
+  void run_bounced(const Collective& c, const collectives::Context& ctx,
+                   const ErrorContext& context);
   // After a failure: record it, abort the transport, remember it for later collectives.
   void break_group(const ErrorContext& context, std::exception_ptr error);
 
@@ -90,6 +99,8 @@ class TransportBackend final : public Backend {
   GroupFailure failure_;
   collectives::ScratchPool scratch_;  // progress thread only
   std::exception_ptr broken_;         // progress thread only: the error that broke the group
+  // Progress thread only: the bounce region, made by the first bounced collective.
+  std::shared_ptr<collectives::SymmetricRegion> bounce_;
   std::mutex abort_mutex_;
   std::string abort_reason_;  // guarded by abort_mutex_; what abort() was called with
 

@@ -57,7 +57,33 @@ Error ShmSymmetricMemory::error(ErrorCode code, const std::string& detail) const
 
 std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::allocate(size_t bytes,
                                                               Clock::time_point deadline) {
-  const uint64_t id = allocations_++;
+  return make_region(bytes, deadline, allocations_++, /*bounce=*/false);
+}
+
+std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::allocate_bounce(size_t bytes,
+                                                                     Clock::time_point deadline) {
+  if (leaders_.size() > 1) return nullptr;
+  return make_region(bytes, deadline, SymmetricMemory::kBounceId, /*bounce=*/true);
+}
+
+std::vector<Bytes> ShmSymmetricMemory::get_all(const std::vector<std::string>& keys,
+                                               Clock::time_point deadline, bool beside) {
+  // Beside the transport, the store is polled at each doorbell ring (a peer rings after each
+  // key it sets) and each liveness slice: a peer found dead is PeerLost, an abort Aborted,
+  // within a slice, not a store wait to the deadline. Past the deadline, multi_get's Timeout
+  // names the missing keys.
+  if (beside && shm_ != nullptr)
+    (void)shm_->wait_beside([&] { return store_.check(keys); }, deadline);
+  return store_.multi_get(keys, left_until(deadline));
+}
+
+std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::make_region(size_t bytes,
+                                                                 Clock::time_point deadline,
+                                                                 uint64_t id, bool bounce) {
+  // What the keys, names and messages call it: "bounce" for the bounce region, else its id.
+  const std::string tag = bounce ? std::string("bounce") : fmt::format("{}", id);
+  const std::string what =
+      bounce ? std::string("the group's bounce buffer") : fmt::format("symmetric buffer #{}", id);
   const int local_size = static_cast<int>(local_.size());
   const int local_rank =
       static_cast<int>(std::find(local_.begin(), local_.end(), rank_) - local_.begin());
@@ -65,13 +91,16 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::allocate(size_t bytes,
   const bool across = leaders_.size() > 1;
   const SymmetricLayout layout = SymmetricLayout::of(local_size, bytes);
   // One name per host: its leader's.
-  const std::string key = fmt::format("{}/{}/{}", options_.key_prefix, id, leader);
+  const std::string key = fmt::format("{}/{}/{}", options_.key_prefix, tag, leader);
   auto opened_key = [&](int r) { return fmt::format("{}/opened/{}", key, r); };
-  auto ready_key = [&](int r) { return fmt::format("{}/{}/ready/{}", options_.key_prefix, id, r); };
+  auto ready_key = [&](int r) {
+    return fmt::format("{}/{}/ready/{}", options_.key_prefix, tag, r);
+  };
   auto fail_record = [&](const std::string& record_key, const std::string& what) {
     const std::string failed = fmt::format("{}{}", kFailed, what);
     try {
       store_.set(record_key, Bytes(failed.begin(), failed.end()));
+      if (bounce) wake_peers();
     } catch (const Error&) {
       // The store is gone too: the peers learn of it from their own timeouts.
     }
@@ -79,15 +108,15 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::allocate(size_t bytes,
   std::shared_ptr<ShmSegment> segment;
   if (rank_ == leader) {
     const std::string job = launcher_job_id(std::getenv).value;
-    const std::string name = fmt::format("{}{:016x}s{}-{}-r{}", shm_job_prefix(job),
-                                         options_.group_id, id, ::getpid(), rank_);
+    const std::string name =
+        fmt::format("{}{:016x}{}-{}-r{}", shm_job_prefix(job), options_.group_id,
+                    bounce ? "b" : "s" + tag, ::getpid(), rank_);
     try {
       segment = std::make_shared<ShmSegment>(ShmSegment::create(name, layout.total));
     } catch (const Error& e) {
       if (local_size > 1) fail_record(key, e.what());
       if (across) fail_record(ready_key(rank_), e.what());
-      throw error(e.code(), fmt::format("symmetric buffer #{} of {} bytes per rank: {}", id, bytes,
-                                        e.what()));
+      throw error(e.code(), fmt::format("{} of {} bytes per rank: {}", what, bytes, e.what()));
     }
     auto* header = reinterpret_cast<SymmetricHeader*>(segment->data());
     header->ranks = static_cast<uint64_t>(local_size);
@@ -96,16 +125,17 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::allocate(size_t bytes,
     header->magic = collectives::kSymmetricMagic;
     if (local_size > 1) {
       store_.set(key, Bytes(name.begin(), name.end()));
+      if (bounce) wake_peers();
       std::vector<std::string> keys;
       for (int l = 1; l < local_size; ++l) keys.push_back(opened_key(local_[l]));
-      std::vector<Bytes> acks = store_.multi_get(keys, left_until(deadline));
+      std::vector<Bytes> acks = get_all(keys, deadline, bounce);
       for (int l = 1; l < local_size; ++l) {
         const std::string ack = text_of(acks[l - 1]);
         if (ack.starts_with(kFailed)) {
-          const std::string what = fmt::format("rank {} could not map symmetric buffer #{}: {}",
-                                               local_[l], id, ack.substr(kFailed.size()));
-          if (across) fail_record(ready_key(rank_), what);
-          throw error(ErrorCode::Io, what);
+          const std::string failed = fmt::format("rank {} could not map {}: {}", local_[l], what,
+                                                 ack.substr(kFailed.size()));
+          if (across) fail_record(ready_key(rank_), failed);
+          throw error(ErrorCode::Io, failed);
         }
       }
     }
@@ -113,45 +143,46 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::allocate(size_t bytes,
     segment->unlink();
     if (across) store_.set(ready_key(rank_), Bytes{'1'});
   } else {
-    const std::string record = text_of(store_.multi_get({key}, left_until(deadline))[0]);
+    const std::string record = text_of(get_all({key}, deadline, bounce)[0]);
     if (record.starts_with(kFailed)) {
-      throw error(ErrorCode::Io, fmt::format("rank {} could not create symmetric buffer #{}: {}",
-                                             leader, id, record.substr(kFailed.size())));
+      throw error(ErrorCode::Io, fmt::format("rank {} could not create {}: {}", leader, what,
+                                             record.substr(kFailed.size())));
     }
     try {
       segment = std::make_shared<ShmSegment>(ShmSegment::open(record, layout.total));
       const auto* header = reinterpret_cast<const SymmetricHeader*>(segment->data());
       if (header->magic != collectives::kSymmetricMagic ||
           header->ranks != static_cast<uint64_t>(local_size) || header->block_bytes != bytes) {
-        throw error(ErrorCode::InvalidArgument,
-                    fmt::format("symmetric buffer #{} \"{}\" holds {} blocks of {} bytes; this "
-                                "rank asked for {} of {} (ranks disagree about the allocation)",
-                                id, record, header->ranks, header->block_bytes, local_size, bytes));
+        throw error(
+            ErrorCode::InvalidArgument,
+            fmt::format("{} \"{}\" holds {} blocks of {} bytes; this rank asked for {} of "
+                        "{} (ranks disagree about the allocation)",
+                        what, record, header->ranks, header->block_bytes, local_size, bytes));
       }
     } catch (const Error& e) {
       fail_record(opened_key(rank_), e.what());
       throw;
     }
     store_.set(opened_key(rank_), Bytes{'1'});
+    if (bounce) wake_peers();
   }
   if (across) {
     // Every host's outcome: a host that failed fails the allocation everywhere.
     std::vector<std::string> keys;
     for (int r : leaders_) keys.push_back(ready_key(r));
-    std::vector<Bytes> ready = store_.multi_get(keys, left_until(deadline));
+    std::vector<Bytes> ready = get_all(keys, deadline, bounce);
     for (size_t i = 0; i < leaders_.size(); ++i) {
       const std::string record = text_of(ready[i]);
       if (record.starts_with(kFailed)) {
-        throw error(ErrorCode::Io,
-                    fmt::format("symmetric buffer #{}: the host of rank {} could not map it: {}",
-                                id, leaders_[i], record.substr(kFailed.size())));
+        throw error(ErrorCode::Io, fmt::format("{}: the host of rank {} could not map it: {}", what,
+                                               leaders_[i], record.substr(kFailed.size())));
       }
     }
   }
   std::byte* base = segment->data();
   auto region = std::make_shared<SymmetricRegion>(std::move(segment), base, local_rank, local_size,
                                                   bytes, id, options_.group_name, local_, size_);
-  remember(region);
+  if (!bounce) remember(region);
   return region;
 }
 

@@ -58,12 +58,25 @@ class ShmSymmetricMemory final : public collectives::SymmetricMemory {
 
   std::shared_ptr<collectives::SymmetricRegion> allocate(
       size_t bytes, collectives::Clock::time_point deadline) override;
+  // One mapping for the group's ranks on this host; null when the group spans hosts.
+  std::shared_ptr<collectives::SymmetricRegion> allocate_bounce(
+      size_t bytes, collectives::Clock::time_point deadline) override;
   void wake_peers() override;
   bool wait_until(const std::function<bool()>& ready,
                   collectives::Clock::time_point deadline) override;
 
  private:
   Error error(ErrorCode code, const std::string& detail) const;
+  // The values of `keys`, waiting at most until `deadline`; `beside`: waiting on the transport's
+  // doorbell with its liveness checks (progress thread only: the bounce region), else in the
+  // store alone (allocate(), on any thread).
+  std::vector<Bytes> get_all(const std::vector<std::string>& keys,
+                             collectives::Clock::time_point deadline, bool beside);
+  // allocate()'s work for region `id`: the program's (`bounce` false: its own store keys and
+  // segment name by id, found by find()) or the bounce region (keys and name of its own).
+  std::shared_ptr<collectives::SymmetricRegion> make_region(size_t bytes,
+                                                            collectives::Clock::time_point deadline,
+                                                            uint64_t id, bool bounce);
 
   Store& store_;
   const int rank_;
