@@ -307,9 +307,10 @@ void bounce_reduce_scatter(const SymmetricContext& c, const void* input, void* o
   const size_t element = dtype_size(dtype);
   const int ranks = bounce.ranks();
   const int rank = bounce.rank();
-  // Each half of a block holds one piece of every rank's block of the input, on 64-byte lines.
+  // A chunk is one piece of every rank's block of the input, on 64-byte lines, half a half in
+  // all (1 MiB: measured 1.3-2.3x faster from 4 MiB up than pieces that fill the half, 2 ranks).
   const size_t half = bounce.size() / 2 / kLineBytes * kLineBytes;
-  const size_t piece_bytes = std::max(kLineBytes, half / ranks / kLineBytes * kLineBytes);
+  const size_t piece_bytes = std::max(kLineBytes, half / 2 / ranks / kLineBytes * kLineBytes);
   const size_t piece = std::max<size_t>(1, piece_bytes / element);
   const bool premultiply = reduce::needs_premultiply(op);
   const auto* in = static_cast<const std::byte*>(input);

@@ -98,7 +98,8 @@ void symmetric_all_gather(const SymmetricContext& c, SymmetricOperand input,
 //                   areas straight into its output and copies it into its results area; barrier;
 //                   each rank copies the peers' slices from their results areas. Per rank and
 //                   chunk of C bytes: copies 2 (P-1)/P C, reduces (P-1)/P C.
-//   reduce_scatter  (count: elements per block) a half holds one piece of each of the P blocks.
+//   reduce_scatter  (count: elements per block) a chunk is one piece of each of the P blocks,
+//                   half a half in all.
 //                   Each rank copies its input's pieces of the peers' blocks into its half;
 //                   barrier; rank r sums its own block's piece, in rank order, from its input and
 //                   the peers' halves straight into its output. One barrier per chunk (two for
