@@ -394,9 +394,17 @@ TEST_CASE("abort from another thread mid all_reduce fails pending and queued Wor
             queue_the_rest();
             aborter = std::jthread([&] {
               if (still_pending_after(running, delay)) {
-                side->set("test/abort_ns", std::to_string(now_ns()));
+                // The clock is read here and the abort follows at once: a store round trip in
+                // between (on 2 cores under ASan, milliseconds) would give the running all_reduce
+                // time to finish first.
+                const int64_t abort_ns = now_ns();
                 pg->abort("test abort");
-                side->set(round_key(round), "abort");
+                // abort() fails the queued Works before it returns: the small all_reduce still
+                // pending now was running, the big one having finished between the check and
+                // abort(). A running collective whose peers all contribute may complete.
+                const bool small_was_running = !works[1]->is_completed();
+                side->set("test/abort_ns", std::to_string(abort_ns));
+                side->set(round_key(round), small_was_running ? "abort-late" : "abort");
               } else {
                 side->set(round_key(round), "again");
               }
@@ -419,10 +427,17 @@ TEST_CASE("abort from another thread mid all_reduce fails pending and queued Wor
           }
           const auto aborted_at =
               from_ns(std::stoll(side->get_string("test/abort_ns", seconds(20))));
+          const bool small_was_running =
+              side->get_string(round_key(round), seconds(20)) == "abort-late";
           for (size_t i = 0; i < got.size(); ++i) {
             const Outcome& o = got[i];
             RANK_CHECK(o.completed, "Work {} still hangs 30 s after the abort: {}", i,
                        o.describe());
+            if (small_was_running && i == 1 && !o.failed) {
+              // The aborter's small all_reduce had started when abort() came (see above), and
+              // the others' completed it: complete and correct on every rank.
+              continue;
+            }
             if (rank == kAborter && i == 0 && !o.failed) {
               // The running all_reduce finished between still_pending_after() and abort() taking
               // hold (its last step needs nothing from the other ranks once it has their data):
