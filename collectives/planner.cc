@@ -85,7 +85,9 @@ bool supports(Op op, Algorithm algorithm) {
     return op == Op::AllReduce || op == Op::ReduceScatter || op == Op::AllGather ||
            op == Op::Broadcast;
   }
-  if (algorithm == Algorithm::Bounce) return op == Op::AllReduce || op == Op::ReduceScatter;
+  if (algorithm == Algorithm::Bounce) {
+    return op == Op::AllReduce || op == Op::ReduceScatter || op == Op::AllGather;
+  }
   if (algorithm == Algorithm::Slots) {
     return op == Op::AllReduce || op == Op::Reduce || op == Op::AllGather ||
            op == Op::ReduceScatter || op == Op::Broadcast || op == Op::Barrier;

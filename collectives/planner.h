@@ -73,7 +73,7 @@ enum class Algorithm : uint8_t {
   Slots,              // "slots": slot_collectives.h (small all_reduce, reduce, all_gather,
                       // reduce_scatter, broadcast and barrier on a group on one host, when its
                       // transport offers shared slots; chosen by the dispatch, not by choose())
-  Bounce,             // "bounce": symmetric.h's bounce_all_reduce and bounce_reduce_scatter
+  Bounce,             // "bounce": symmetric.h's bounce_all_reduce, _reduce_scatter, _all_gather
                       // (from 64 KiB of input on a group on one host with shared memory, through
                       // the group's bounce region; chosen by the dispatch, not by choose())
 };

@@ -31,6 +31,10 @@ constexpr size_t kChunkBytes = 128 * 1024;
 // Slices start on cache-line boundaries (relative to the tensor), so that two ranks never write
 // the same line of an output.
 constexpr size_t kLineBytes = 64;
+// The bounce all_gather stages its input in chunks of this size, so that what a rank copies in
+// is still in cache when its peers copy it out (2 ranks, 16-64 MiB: 6.7-6.9 GB/s busbw against
+// 3.9-4.4 with chunks of the whole 2 MiB half, 7.0-5.1 with 512 KiB).
+constexpr size_t kGatherChunkBytes = 256 * 1024;
 
 std::string describe_call(const SymmetricCall& call) {
   return fmt::format(
@@ -347,6 +351,36 @@ void bounce_reduce_scatter(const SymmetricContext& c, const void* input, void* o
   // first barrier and rewrite its call words while this rank still compares them (symmetric
   // memory's invariant 2). A second barrier keeps them put until every rank has compared.
   if (count <= piece) symmetric_barrier(c, false, "bounce reduce_scatter: calls compared");
+}
+
+void bounce_all_gather(const SymmetricContext& c, const void* input, void* output, size_t count,
+                       DType dtype) {
+  SymmetricRegion& bounce = c.anchor;
+  const size_t element = dtype_size(dtype);
+  const int ranks = bounce.ranks();
+  const int rank = bounce.rank();
+  const size_t half = bounce.size() / 2 / kLineBytes * kLineBytes;
+  const size_t chunk_bytes =
+      std::max(kLineBytes, std::min(half, kGatherChunkBytes) / kLineBytes * kLineBytes);
+  const size_t chunk = std::max<size_t>(1, chunk_bytes / element);
+  const auto* in = static_cast<const std::byte*>(input);
+  auto* out = static_cast<std::byte*>(output);
+  std::byte* own = out + static_cast<size_t>(rank) * count * element;
+  for (size_t first = 0; first < count; first += chunk) {
+    const size_t n = std::min(chunk, count - first);
+    const size_t at = next_bounce_half(bounce);
+    // 1. This rank's chunk into its half.
+    std::memcpy(bounce.block(rank) + at, in + first * element, n * element);
+    symmetric_barrier(c, first == 0, "bounce all_gather: inputs in");
+    // 2. Every rank's chunk out of its half into the output (this rank's own from the copy just
+    //    made, in cache, unless in place). No second barrier, as reduce_scatter's.
+    for (int q = 0; q < ranks; ++q) {
+      if (q == rank && own == in) continue;
+      std::memcpy(out + (static_cast<size_t>(q) * count + first) * element, bounce.block(q) + at,
+                  n * element);
+    }
+  }
+  if (count <= chunk) symmetric_barrier(c, false, "bounce all_gather: calls compared");
 }
 
 void symmetric_reduce(const SymmetricContext& c, SymmetricOperand input, void* output, size_t count,

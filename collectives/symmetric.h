@@ -85,13 +85,13 @@ void symmetric_reduce_scatter(const SymmetricContext& c, SymmetricOperand input,
 // without a region means in place on every rank: rank p's input is its block p of the output.
 void symmetric_all_gather(const SymmetricContext& c, SymmetricOperand input,
                           SymmetricOperand output, size_t count, DType dtype);
-// all_reduce and reduce_scatter of ordinary buffers (any memory) between the ranks of one host,
-// through the group's bounce region (c.anchor, SymmetricMemory::allocate_bounce). Each works in
-// chunks, chunk k in half k % 2 of every rank's block (SymmetricRegion::chunks(), counted across
-// calls of both), and the first barrier of each call's first chunk checks the call (c.call), as
-// every symmetric collective's. A rank writes a half only after passing the previous chunk's
-// first barrier, which every peer enters after its last read of that half two chunks back: so
-// neither needs a barrier at the end.
+// all_reduce, reduce_scatter and all_gather of ordinary buffers (any memory) between the ranks of
+// one host, through the group's bounce region (c.anchor, SymmetricMemory::allocate_bounce). Each
+// works in chunks, chunk k in half k % 2 of every rank's block (SymmetricRegion::chunks(), counted
+// across calls of all three), and the first barrier of each call's first chunk checks the call
+// (c.call), as every symmetric collective's. A rank writes a half only after passing the previous
+// chunk's first barrier, which every peer enters after its last read of that half two chunks back:
+// so neither needs a barrier at the end.
 //   all_reduce      a half is an inputs area and a results area of a chunk each. Each rank
 //                   copies the slices of its input chunk that its peers sum into its inputs area;
 //                   barrier; rank r sums slice r, in rank order, from its own input and the peers'
@@ -105,6 +105,11 @@ void symmetric_all_gather(const SymmetricContext& c, SymmetricOperand input,
 //                   the peers' halves straight into its output. One barrier per chunk (two for
 //                   a call of one chunk: the call words must stay put until every rank has
 //                   compared them); per rank: copies (P-1)/P of its input, reduces the rest.
+//   all_gather      (count: elements per block) a chunk is at most 256 KiB of the rank's input,
+//                   so that it is still in cache when the peers read it. Each rank copies its
+//                   chunk into its half; barrier; each copies every rank's chunk (its own too,
+//                   unless in place) from the halves into its output. Barriers as
+//                   reduce_scatter's; per rank: copies its input once in, P chunks out.
 // PremulSum premultiplies the rank's own part into the region too; so do ranks from 2 on in place
 // (the sum, written straight into the output, would overwrite their own part before its turn).
 // Same bits on every rank.
@@ -112,6 +117,8 @@ void bounce_all_reduce(const SymmetricContext& c, const void* input, void* outpu
                        DType dtype, ReduceOp op);
 void bounce_reduce_scatter(const SymmetricContext& c, const void* input, void* output, size_t count,
                            DType dtype, ReduceOp op);
+void bounce_all_gather(const SymmetricContext& c, const void* input, void* output, size_t count,
+                       DType dtype);
 // Every rank passes `input`; `output` is the root's (null elsewhere). When the root's call names
 // its output in the input's region (out_region == in_region), rank r reduces its slice straight
 // into it; otherwise the root reduces every element alone into `output`, wherever it lies.

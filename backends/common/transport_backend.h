@@ -81,7 +81,8 @@ class TransportBackend final : public Backend {
   void guarded(const ErrorContext& context, bool symmetric,
                const std::function<void(collectives::Clock::time_point)>& body);
   // Whether `c` runs bounced (collectives/symmetric.h, bounce_*): an all_reduce, or a
-  // reduce_scatter of equal blocks, whose input is at least kBounceBytes, on a group of one host
+  // reduce_scatter or all_gather of equal blocks, whose input is at least kBounceBytes (for
+  // all_gather: this rank's block), on a group of one host
   // with symmetric memory, no other algorithm forced. Every rank decides alike (the call and the
   // group's layout are the same everywhere).
   bool runs_bounced(const Collective& c) const;

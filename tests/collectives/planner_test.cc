@@ -55,13 +55,14 @@ TEST_CASE("small collectives take the shared slots by kind, size and crowding",
   CHECK_FALSE(supports(Op::AllToAll, Algorithm::Slots));
   // Forcing "slots" leaves choose() to the planner: the dispatch takes the slots where they fit.
   CHECK(choose(Op::AllReduce, 8, 4, Link::SharedMemory, "slots") == Algorithm::RecursiveDoubling);
-  // "bounce" likewise: all_reduce and reduce_scatter, taken by the dispatch
+  // "bounce" likewise: all_reduce, reduce_scatter and all_gather, taken by the dispatch
   // (transport_backend.cc).
   CHECK(parse_algorithm("bounce") == Algorithm::Bounce);
   CHECK(algorithm_name(Algorithm::Bounce) == "bounce");
   CHECK(supports(Op::AllReduce, Algorithm::Bounce));
   CHECK(supports(Op::ReduceScatter, Algorithm::Bounce));
-  CHECK_FALSE(supports(Op::AllGather, Algorithm::Bounce));
+  CHECK(supports(Op::AllGather, Algorithm::Bounce));
+  CHECK_FALSE(supports(Op::Broadcast, Algorithm::Bounce));
   CHECK(choose(Op::AllReduce, 1 << 20, 2, Link::SharedMemory, "bounce") == Algorithm::Ring);
 }
 

@@ -407,13 +407,13 @@ int recorded_with(const std::string& algorithm, int rank) {
 }
 
 TEST_CASE(
-    "bounce all_reduce and reduce_scatter of ordinary buffers match the reference for every "
-    "dtype and op",
+    "bounce all_reduce, reduce_scatter and all_gather of ordinary buffers match the reference for "
+    "every dtype and op",
     "[symmetric][bounce][multiproc]") {
-  // From 64 KiB of input, all_reduce and reduce_scatter of a group on one host go through the
-  // bounce region, in chunks (backends/common/transport_backend.cc): just below (the message
-  // path), at the bound, and past a chunk, off the 8-byte grid, in place and out of place, on 2
-  // to 4 ranks (4 on this machine's 2 cores: the barriers sleep).
+  // From 64 KiB of input, all_reduce, reduce_scatter and all_gather of a group on one host go
+  // through the bounce region, in chunks (backends/common/transport_backend.cc): just below (the
+  // message path), at the bound, and past a chunk, off the 8-byte grid, in place and out of place,
+  // on 2 to 4 ranks (4 on this machine's 2 cores: the barriers sleep).
   for (int ranks : {2, 3, 4}) {
     DYNAMIC_SECTION(ranks << " ranks") {
       const uint16_t port = test::free_port();
@@ -480,9 +480,40 @@ TEST_CASE(
                 }
               }
             }
+            // all_gather: the bound is on each rank's block, and 1 MiB on 2 ranks. Past it by
+            // more than one 256 KiB chunk and a bit.
+            for (DType d : kAllDTypes) {
+              const size_t element = dtype_size(d);
+              const size_t bound = (ranks == 2 ? size_t{1} << 20 : 64 * 1024) / element;
+              for (size_t count : {bound - 1, bound, bound + (size_t{300} << 10) / element + 13}) {
+                const bool in_place = round++ % 2 == 0;
+                const size_t whole = ranks * count;
+                std::vector<std::byte> memory((whole + count + 8) * element);
+                std::byte* out = memory.data() + 3 * element;
+                std::byte* in = in_place ? out + rank * count * element : out + whole * element;
+                std::memset(out, 0xa5, whole * element);
+                fill_input(in, d, ReduceOp::Sum, rank, count);
+                pg->all_gather_into_tensor(Tensor{out, whole, d, Device{}},
+                                           Tensor{in, count, d, Device{}})
+                    ->wait();
+                std::vector<std::byte> want(count * element);
+                for (int q = 0; q < ranks; ++q) {
+                  fill_input(want.data(), d, ReduceOp::Sum, q, count);
+                  const std::byte* got = out + q * count * element;
+                  for (size_t j = 0; j < count; ++j) {
+                    RANK_CHECK(
+                        std::memcmp(got + j * element, want.data() + j * element, element) == 0,
+                        "rank {} bounce all_gather {} count {} in_place {}: block {} "
+                        "element {}",
+                        rank, dtype_name(d), count, in_place, q, j);
+                  }
+                }
+                if (count >= bound) ++bounced;
+              }
+            }
             // Every call at or above the bound went through the bounce region, none below.
             const int seen = recorded_with("bounce", rank);
-            RANK_CHECK(seen == bounced, "rank {}: {} all_reduces bounced, {} expected", rank, seen,
+            RANK_CHECK(seen == bounced, "rank {}: {} collectives bounced, {} expected", rank, seen,
                        bounced);
           },
           seconds(120));
