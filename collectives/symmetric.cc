@@ -365,13 +365,42 @@ void bounce_all_gather(const SymmetricContext& c, const void* input, void* outpu
   const size_t chunk = std::max<size_t>(1, chunk_bytes / element);
   const auto* in = static_cast<const std::byte*>(input);
   auto* out = static_cast<std::byte*>(output);
-  std::byte* own = out + static_cast<size_t>(rank) * count * element;
+  const size_t block_bytes = count * element;
+  std::byte* own = out + static_cast<size_t>(rank) * block_bytes;
+  const bool try_direct = c.memory.ranks_fit_cores();
+  if (try_direct) {
+    // Direct: every rank publishes its input's address, and whether it can read every peer's
+    // memory, in the first line of its half; barrier; when all can, each reads the peers' inputs
+    // straight into its output (one copy, as Open MPI's vader); barrier, so that no rank returns
+    // (and lets its input change) while a peer still reads it. Otherwise staged, below.
+    const size_t at = next_bounce_half(bounce);
+    auto* line = reinterpret_cast<uint64_t*>(bounce.block(rank) + at);
+    line[0] = reinterpret_cast<uintptr_t>(input);
+    line[1] = c.memory.reads_peers() ? 1 : 0;
+    symmetric_barrier(c, true, "bounce all_gather: addresses in");
+    bool direct = true;
+    for (int q = 0; q < ranks; ++q) {
+      direct = direct && reinterpret_cast<const uint64_t*>(bounce.block(q) + at)[1] == 1;
+    }
+    if (direct) {
+      if (own != in) copy_bytes(own, in, block_bytes, ranks * block_bytes);
+      for (int q = 0; q < ranks; ++q) {
+        if (q == rank) continue;
+        const auto address = reinterpret_cast<const void*>(
+            static_cast<uintptr_t>(reinterpret_cast<const uint64_t*>(bounce.block(q) + at)[0]));
+        c.memory.read_peer(bounce.member(q), out + static_cast<size_t>(q) * block_bytes, address,
+                           block_bytes);
+      }
+      symmetric_barrier(c, false, "bounce all_gather: peers read");
+      return;
+    }
+  }
   for (size_t first = 0; first < count; first += chunk) {
     const size_t n = std::min(chunk, count - first);
     const size_t at = next_bounce_half(bounce);
     // 1. This rank's chunk into its half.
     std::memcpy(bounce.block(rank) + at, in + first * element, n * element);
-    symmetric_barrier(c, first == 0, "bounce all_gather: inputs in");
+    symmetric_barrier(c, first == 0 && !try_direct, "bounce all_gather: inputs in");
     // 2. Every rank's chunk out of its half into the output (this rank's own from the copy just
     //    made, in cache, unless in place). No second barrier, as reduce_scatter's.
     for (int q = 0; q < ranks; ++q) {

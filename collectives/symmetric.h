@@ -105,11 +105,14 @@ void symmetric_all_gather(const SymmetricContext& c, SymmetricOperand input,
 //                   the peers' halves straight into its output. One barrier per chunk (two for
 //                   a call of one chunk: the call words must stay put until every rank has
 //                   compared them); per rank: copies (P-1)/P of its input, reduces the rest.
-//   all_gather      (count: elements per block) a chunk is at most 256 KiB of the rank's input,
-//                   so that it is still in cache when the peers read it. Each rank copies its
-//                   chunk into its half; barrier; each copies every rank's chunk (its own too,
-//                   unless in place) from the halves into its output. Barriers as
-//                   reduce_scatter's; per rank: copies its input once in, P chunks out.
+//   all_gather      (count: elements per block) direct where the host's ranks fit its cores
+//                   (SymmetricMemory::ranks_fit_cores) and every rank can read its peers'
+//                   memory (reads_peers, agreed through the region): each reads the peers'
+//                   inputs straight into its output (read_peer); two barriers per call. Else
+//                   staged: a chunk is at most 256 KiB of the rank's input, so that it is still
+//                   in cache when the peers read it. Each rank copies its chunk into its half;
+//                   barrier; each copies every rank's chunk (its own too, unless in place) from
+//                   the halves into its output. Barriers as reduce_scatter's.
 // PremulSum premultiplies the rank's own part into the region too; so do ranks from 2 on in place
 // (the sum, written straight into the output, would overwrite their own part before its turn).
 // Same bits on every rank.

@@ -112,6 +112,13 @@ SymmetricMemory::Found SymmetricMemory::find(const void* p, size_t bytes) {
   return found;
 }
 
+void SymmetricMemory::read_peer(int peer, void* /*to*/, const void* /*address*/, size_t bytes) {
+  throw_error(ErrorCode::Internal, "symmetric memory",
+              fmt::format("cannot read rank {}'s memory ({} bytes): this memory offers no "
+                          "cross-memory reads",
+                          peer, bytes));
+}
+
 void SymmetricMemory::remember(const std::shared_ptr<SymmetricRegion>& region) {
   std::lock_guard<std::mutex> lock(mutex_);
   regions_.push_back(region);

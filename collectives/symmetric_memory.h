@@ -183,6 +183,17 @@ class SymmetricMemory {
     return nullptr;
   }
 
+  // Whether this rank can read every local peer's memory with read_peer() (cross-memory attach,
+  // probed at setup). Ranks may differ: a collective that relies on it agrees first.
+  virtual bool reads_peers() const { return false; }
+  // Copies `bytes` at `address` in the memory of group rank `peer` (on this host) into `to`.
+  // REQUIRES: reads_peers(). Throws Error(PeerLost) when the peer is gone, Error(Io) when the
+  // kernel refuses.
+  virtual void read_peer(int peer, void* to, const void* address, size_t bytes);
+  // Whether this host's ranks of the group fit its cores (the same answer on every rank): a
+  // kernel copy that holds a core for long pays only then (bounce_all_gather).
+  virtual bool ranks_fit_cores() const { return false; }
+
   // Wakes every peer that may wait in wait_until() (after publishing an arrival).
   virtual void wake_peers() = 0;
   // Blocks until ready() returns true (true) or the deadline passes (false), sleeping in the

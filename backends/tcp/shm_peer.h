@@ -30,6 +30,7 @@ struct ShmPeer : backends::PeerQueues {
   std::optional<Doorbell> bell;       // the peer's
   pid_t pid = 0;                      // the peer's process, for single-copy reads
   bool single_copy = false;           // the peer reads large messages from this rank's memory
+  bool readable = false;              // this rank can read the peer's memory (the same probe)
   bool corrupt = false;               // it sent a header no sender writes: stop reading its ring
   std::deque<backends::Op*> awaiting_ack;  // single-copy sends whose descriptor is written
   // A withdrawn single-copy send waited kWithdrawWait for this peer's ack in vain (the peer is

@@ -61,6 +61,9 @@ class ShmSymmetricMemory final : public collectives::SymmetricMemory {
   // One mapping for the group's ranks on this host; null when the group spans hosts.
   std::shared_ptr<collectives::SymmetricRegion> allocate_bounce(
       size_t bytes, collectives::Clock::time_point deadline) override;
+  bool reads_peers() const override;
+  void read_peer(int peer, void* to, const void* address, size_t bytes) override;
+  bool ranks_fit_cores() const override { return shm_ != nullptr && !shm_->crowded(); }
   void wake_peers() override;
   bool wait_until(const std::function<bool()>& ready,
                   collectives::Clock::time_point deadline) override;

@@ -188,6 +188,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     in >> peer_name >> peer_capacity >> peer_slot_bytes >> peer_crowded >> peer.pid >> peer_probe >>
         list;
     crowded = crowded || peer_crowded != 0;
+    crowded_ = crowded_ || crowded;
     probes[i] = peer_probe;
     std::vector<int> peer_senders;
     std::istringstream items(list);
@@ -232,6 +233,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     if (options_.single_copy_bytes > 0) {
       readable = backends::can_read_process(peers_[senders[i]]->pid, probes[i]);
     }
+    peers_[senders[i]]->readable = readable != 0;
     store.set(fmt::format("{}/{}/opened/{}", options_.key_prefix, senders[i], matcher_.rank()),
               Bytes{1, readable});
   }

@@ -165,6 +165,16 @@ class ShmTransport final : public collectives::Transport {
   // caller runs it when no request is pending.
   bool wait_beside(const std::function<bool()>& ready, collectives::Clock::time_point deadline);
 
+  // Whether this rank can read every peer's memory with process_vm_readv (probed at setup, as
+  // single copy is; false when single copy is off).
+  bool reads_every_peer() const;
+  // Whether this host's ranks outnumber its cores (as seen by any rank of the group: the same on
+  // every rank).
+  bool crowded() const { return crowded_; }
+  // Copies `bytes` at `address` in peer `peer`'s process into `to`. Throws Error(PeerLost) when
+  // the peer is gone, another code (backends::describe_read_failure) when the kernel refuses.
+  void read_peer(int peer, void* to, uint64_t address, size_t bytes);
+
   // Times this rank slept on its doorbell (for tests: proves that waits block).
   uint64_t sleeps() const { return bell_ ? bell_->sleeps() : 0; }
 
@@ -214,7 +224,8 @@ class ShmTransport final : public collectives::Transport {
   std::unique_ptr<ShmSlots> slots_;
   backends::PooledBuffer staging_;  // recv_reduce of single-copy messages: read a piece, reduce it
   collectives::Clock::time_point next_liveness_check_{};
-  uint64_t losses_ = 0;  // peers lost so far: wakes idle()
+  uint64_t losses_ = 0;   // peers lost so far: wakes idle()
+  bool crowded_ = false;  // set up once; see crowded()
 };
 
 }  // namespace weft::tcp

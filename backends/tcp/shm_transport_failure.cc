@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/common/cross_memory.h"
 #include "backends/tcp/shm_peer.h"
 #include "backends/tcp/shm_transport.h"
 #include "runtime/progress_thread.h"
@@ -138,6 +139,25 @@ void ShmTransport::abort(const std::string& reason) {
     ::shutdown(peer->control.fd(), SHUT_RDWR);
   }
   if (bell_) bell_->ring();
+}
+
+bool ShmTransport::reads_every_peer() const {
+  for (const auto& peer : peers_) {
+    if (peer && !peer->readable) return false;
+  }
+  return options_.single_copy_bytes > 0;
+}
+
+void ShmTransport::read_peer(int peer, void* to, uint64_t address, size_t bytes) {
+  if (!serves(peer)) {
+    throw matcher_.error(ErrorCode::InvalidArgument, "shm read",
+                         fmt::format("rank {} is not a shared-memory peer here", peer));
+  }
+  const Peer& p = *peers_[peer];
+  const int err = backends::read_process(p.pid, to, address, bytes);
+  if (err == 0) return;
+  auto [code, why] = backends::describe_read_failure(err, p.rank, p.pid, bytes);
+  throw matcher_.error(code, "shm read", why);
 }
 
 void ShmTransport::ring_peers() {

@@ -480,11 +480,12 @@ TEST_CASE(
                 }
               }
             }
-            // all_gather: the bound is on each rank's block, and 1 MiB on 2 ranks. Past it by
-            // more than one 256 KiB chunk and a bit.
+            // all_gather: the bound is on each rank's block, and 256 KiB on 2 ranks (which read
+            // each other's input straight where they fit the cores, as here; 3 and 4 ranks stage
+            // it). Past it by more than one 256 KiB chunk and a bit.
             for (DType d : kAllDTypes) {
               const size_t element = dtype_size(d);
-              const size_t bound = (ranks == 2 ? size_t{1} << 20 : 64 * 1024) / element;
+              const size_t bound = (ranks == 2 ? 256 * 1024 : 64 * 1024) / element;
               for (size_t count : {bound - 1, bound, bound + (size_t{300} << 10) / element + 13}) {
                 const bool in_place = round++ % 2 == 0;
                 const size_t whole = ranks * count;
@@ -996,51 +997,72 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "killing a rank during a bounce all_reduce of ordinary buffers fails the others with "
-    "PeerLost and leaves nothing in /dev/shm",
+    "killing a rank during a bounce all_reduce or all_gather of ordinary buffers fails the others "
+    "with PeerLost and leaves nothing in /dev/shm",
     "[symmetric][bounce][multiproc][faults]") {
-  const std::string job = unique_job("bouncekill");
-  ::setenv("WEFT_JOB_ID", job.c_str(), 1);
-  const uint16_t port = test::free_port();
-  const int ranks = 3;
-  auto results = test::run_ranks(ranks, [&](int rank) {
-    auto pg = join(port, rank, ranks);
-    std::vector<float> data(size_t{2} << 20, 1.0f);  // 8 MiB: eight chunks of the bounce region
-    pg->all_reduce(Tensor::of(data.data(), data.size()))->wait();  // makes the region
-    RANK_CHECK(data[0] == 3.0f && data.back() == 3.0f);
-    auto side = side_store(port);
-    if (rank == 2) {
-      side->wait({"test/posted/0", "test/posted/1"}, seconds(20));
-      ::raise(SIGKILL);
-    }
-    const auto start = Clock::now();
-    try {
-      auto work = pg->all_reduce(Tensor::of(data.data(), data.size()));
-      side->set(fmt::format("test/posted/{}", rank), "1");
-      work->wait();
-      RANK_CHECK(false, "rank {}: all_reduce succeeded without rank 2", rank);
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      RANK_CHECK(e.code() == ErrorCode::PeerLost, "{}", what);
-      RANK_CHECK(what.find("rank 2") != std::string::npos, "{}", what);
-      RANK_CHECK(what.find("all_reduce #2") != std::string::npos, "{}", what);
-      RANK_CHECK(what.find("bounce all_reduce") != std::string::npos, "{}", what);
-    }
-    RANK_CHECK(Clock::now() - start < seconds(5), "PeerLost took more than 5 s");
-    leave_before_the_store(pg, *side, rank);
-  });
-  ::unsetenv("WEFT_JOB_ID");
-  for (const auto& r : results) {
-    if (r.rank == 2) {
-      CHECK(r.signal == SIGKILL);
-    } else {
-      INFO(test::describe_failures(results));
-      CHECK(r.exit_code == 0);
+  // all_reduce on 3 ranks; all_gather on 2, which read each other's input straight (cross-memory
+  // attach) where their ranks fit the cores, as here.
+  for (const bool gather : {false, true}) {
+    DYNAMIC_SECTION((gather ? "all_gather" : "all_reduce")) {
+      const std::string op = gather ? "all_gather" : "all_reduce";
+      const std::string job = unique_job("bouncekill");
+      ::setenv("WEFT_JOB_ID", job.c_str(), 1);
+      const uint16_t port = test::free_port();
+      const int ranks = gather ? 2 : 3;
+      const int victim = ranks - 1;
+      auto results = test::run_ranks(ranks, [&](int rank) {
+        auto pg = join(port, rank, ranks);
+        // 8 MiB: eight chunks of the bounce region.
+        std::vector<float> data(size_t{2} << 20, 1.0f), gathered(ranks * data.size());
+        auto run = [&] {
+          return gather ? pg->all_gather_into_tensor(Tensor::of(gathered.data(), gathered.size()),
+                                                     Tensor::of(data.data(), data.size()))
+                        : pg->all_reduce(Tensor::of(data.data(), data.size()));
+        };
+        run()->wait();  // makes the region
+        if (gather) {
+          RANK_CHECK(gathered[0] == 1.0f && gathered.back() == 1.0f);
+        } else {
+          RANK_CHECK(data[0] == 3.0f && data.back() == 3.0f);
+        }
+        auto side = side_store(port);
+        if (rank == victim) {
+          std::vector<std::string> posted;
+          for (int r = 0; r < victim; ++r) posted.push_back(fmt::format("test/posted/{}", r));
+          side->wait(posted, seconds(20));
+          ::raise(SIGKILL);
+        }
+        const auto start = Clock::now();
+        try {
+          auto work = run();
+          side->set(fmt::format("test/posted/{}", rank), "1");
+          work->wait();
+          RANK_CHECK(false, "rank {}: {} succeeded without rank {}", rank, op, victim);
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          RANK_CHECK(e.code() == ErrorCode::PeerLost, "{}", what);
+          RANK_CHECK(what.find(fmt::format("rank {}", victim)) != std::string::npos, "{}", what);
+          RANK_CHECK(what.find(op + " #2") != std::string::npos, "{}", what);
+          RANK_CHECK(what.find("bounce " + op) != std::string::npos, "{}", what);
+        }
+        RANK_CHECK(Clock::now() - start < seconds(5), "PeerLost took more than 5 s");
+        // On 2 ranks rank 0, the store's host, is the only one left.
+        if (ranks > 2) leave_before_the_store(pg, *side, rank);
+      });
+      ::unsetenv("WEFT_JOB_ID");
+      for (const auto& r : results) {
+        if (r.rank == victim) {
+          CHECK(r.signal == SIGKILL);
+        } else {
+          INFO(test::describe_failures(results));
+          CHECK(r.exit_code == 0);
+        }
+      }
+      const std::vector<std::string> left = shm_entries(job);
+      INFO(fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
+      CHECK(left.empty());
     }
   }
-  const std::vector<std::string> left = shm_entries(job);
-  INFO(fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
-  CHECK(left.empty());
 }
 
 // What the killed rank leaves for the parent and the survivors, in memory shared across the fork:
