@@ -189,7 +189,7 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::make_region(size_t bytes,
 bool ShmSymmetricMemory::reads_peers() const { return shm_ != nullptr && shm_->reads_every_peer(); }
 
 void ShmSymmetricMemory::read_peer(int peer, void* to, const void* address, size_t bytes) {
-  if (shm_ == nullptr) SymmetricMemory::read_peer(peer, to, address, bytes);
+  if (shm_ == nullptr) return SymmetricMemory::read_peer(peer, to, address, bytes);  // throws
   shm_->read_peer(peer, to, reinterpret_cast<uintptr_t>(address), bytes);
 }
 
