@@ -24,13 +24,13 @@ namespace {
 // Every variable weft reads. Kept beside the parser so that a new one cannot be forgotten here.
 // WEFT_JOB_ID is a launcher variable (runtime/launch_env.h reads it), and WEFT_LIBRARY and
 // WEFT_TORCH_HOST belong to the Python package: listed so that they are not taken for typos.
-constexpr std::array<std::string_view, 23> kKnownVariables = {
+constexpr std::array<std::string_view, 24> kKnownVariables = {
     "WEFT_LOG",           "WEFT_TIMEOUT",        "WEFT_STORE_TOKEN",     "WEFT_SHM",
     "WEFT_DEBUG",         "WEFT_ALGO",           "WEFT_SPIN_US",         "WEFT_PLUGIN_PATH",
     "WEFT_JOB_ID",        "WEFT_UCX_KEEPALIVE",  "WEFT_BACKEND",         "WEFT_HOST_ADDR",
     "WEFT_SOCKET_IFNAME", "WEFT_LIBRARY",        "WEFT_TORCH_HOST",      "WEFT_TRACE_BUFFER",
     "WEFT_TRACE_DIR",     "WEFT_TRACE_POLL",     "WEFT_NCCL_POLL",       "WEFT_NCCL_BLOCKING_WAIT",
-    "WEFT_CUDA_HOME",     "WEFT_SHM_SLOT_BYTES", "WEFT_UCX_SINGLE_COPY",
+    "WEFT_CUDA_HOME",     "WEFT_SHM_SLOT_BYTES", "WEFT_UCX_SINGLE_COPY", "WEFT_UCX_HOST_MEMORY",
 };
 
 // WEFT_TIMEOUT bounds every blocking call, rendezvous and connection set-up included, which take

@@ -257,6 +257,7 @@ void ShmTransport::setup(Store& store, std::vector<net::Socket> control) {
     hooks.progress = [this] {
       progress();
       absorb_single_copy();
+      if (options_.progress_beside) options_.progress_beside();
     };
     hooks.check = [this] {
       check_peers(true);

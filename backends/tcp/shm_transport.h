@@ -119,6 +119,12 @@ class ShmTransport final : public collectives::Transport {
     // rank must pass the same value (set-up fails with InvalidArgument naming the one that
     // differs).
     size_t slot_bytes = 65536;
+    // Moves another transport's messages without blocking, for the waits that carry none of this
+    // transport's (the slots' barrier, wait_beside()): where this transport lends its memory to
+    // another that carries the messages (backends/common/host_memory_transport.h), a peer may be
+    // held in a send to this rank until that transport takes the message in. Called before the
+    // first sleep of such a wait and once per slice (50 ms) after. Must not throw.
+    std::function<void()> progress_beside;
   };
 
   // Connects to the peers whose entry in `control` is a valid socket (indexed by rank; this

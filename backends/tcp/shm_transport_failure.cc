@@ -192,12 +192,14 @@ bool ShmTransport::wait_beside(const std::function<bool()>& ready, Clock::time_p
   check_peers(false);
   check();
   if (!bell_) return ready();
+  if (options_.progress_beside) options_.progress_beside();
   for (;;) {
     const uint64_t losses = losses_;
     const bool woken = bell_->wait(
         [&] { return ready() || matcher_.aborted() || losses_ != losses; }, deadline, spin_budget_,
         [&] {
           check_peers(true);
+          if (options_.progress_beside) options_.progress_beside();
           if (!ready()) check();
         });
     if (ready()) return true;

@@ -52,6 +52,9 @@ constexpr uint64_t kHangupTag = ~uint64_t{0};
 // Unexpected messages (ucx_transport.h): how long a wait finds nothing to do before it takes them,
 // and the most bytes held taken at once.
 constexpr std::chrono::milliseconds kAbsorbAfter{100};
+// The longest progress_beside() drives the messages it took in: 16 MiB at this host's slowest
+// measured shared-memory rate, with room.
+constexpr std::chrono::milliseconds kBesideBound{200};
 constexpr size_t kAbsorbLimit = size_t{256} << 20;
 constexpr size_t kHangupBytes = 512;
 // Messages of at least kPiecedFrom bytes travel as a header and pieces of piece_bytes() each:
@@ -96,25 +99,6 @@ void default_setting(ucp_config_t* config, const char* name, const char* value) 
   }
 }
 
-// Whether UCX_TLS (as the user set it) may select a shared-memory transport: unset, "all", an
-// exclusion list ("^tcp"), or a list naming one. Asking UCX to configure transports it will not
-// load makes it warn "invalid configuration" at every group.
-bool tls_may_use_shared_memory() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (tls == nullptr || *tls == '\0' || *tls == '^') return true;
-  std::string_view rest(tls);
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    const std::string_view name = rest.substr(0, comma);
-    for (std::string_view shm : {"all", "sm", "shm", "mm", "posix", "sysv"}) {
-      if (name == shm) return true;
-    }
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
-  return false;
-}
-
 // Whether UCX_TLS (as the user set it) allows cross-memory attach, which the single-copy path
 // is: unset, "all", an exclusion list that does not exclude it, or a list naming "cma" or "sm".
 bool tls_may_use_cma() {
@@ -142,6 +126,25 @@ std::string host_name() {
 }
 
 }  // namespace
+
+bool tls_may_use_shared_memory() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0') return true;
+  const bool exclude = *tls == '^';
+  std::string_view rest(tls + (exclude ? 1 : 0));
+  bool all = false, posix = false, sysv = false;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view name = rest.substr(0, comma);
+    if (name == "all" || name == "sm" || name == "shm" || name == "mm") all = true;
+    if (name == "posix") posix = true;
+    if (name == "sysv") sysv = true;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  // "^tcp" leaves shared memory in; "^posix,sysv" (or "^sm") takes it out.
+  return exclude ? !(all || (posix && sysv)) : (all || posix || sysv);
+}
 
 uint64_t ucp_tag_of(Tag tag, int sender) {
   uint64_t low;
@@ -860,6 +863,20 @@ bool UcxTransport::absorb_unexpected() {
     }
   }
   return took;
+}
+
+void UcxTransport::progress_beside() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (aborted_.load(std::memory_order_relaxed) || abort_handled_) return;
+  progress();
+  if (!absorb_unexpected()) return;
+  const Clock::time_point bound = Clock::now() + kBesideBound;
+  auto landing = [&] {
+    return std::any_of(absorbed_.begin(), absorbed_.end(), [](const auto& a) { return !a->done; });
+  };
+  while (landing() && Clock::now() < bound) {
+    if (!progress()) sched_yield();
+  }
 }
 
 Request UcxTransport::send(int peer, const void* data, size_t bytes, Tag tag) {

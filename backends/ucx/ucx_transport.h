@@ -110,6 +110,11 @@ uint64_t ucp_tag_of(collectives::Tag tag, int sender);
 // The most ranks a group over UCX may have: the sender's rank has 16 bits, all ones reserved.
 inline constexpr int kMaxRanks = 65535;
 
+// Whether UCX_TLS, as the user set it, lets UCX move data between local ranks through shared
+// memory: unset, a list naming "all", "sm", "shm", "mm", "posix" or "sysv", or an exclusion list
+// ("^tcp") that does not take both posix and sysv (or "sm", "mm") out.
+bool tls_may_use_shared_memory();
+
 class UcxTransport final : public collectives::Transport {
  public:
   struct Options {
@@ -122,6 +127,8 @@ class UcxTransport final : public collectives::Transport {
     // single copy (see above); 0: never (the default: see docs/ucx.md). WEFT_UCX_SINGLE_COPY,
     // when set, wins; off where UCX_TLS rules out cross-memory attach.
     size_t single_copy_bytes = 0;
+    // What why_no_symmetric_memory() says (the backend knows why it paired no host memory).
+    std::string why_no_symmetric_memory = "its transport has no memory shared between the ranks";
   };
 
   // Creates this rank's context, worker and endpoints (collective over the group's ranks).
@@ -148,6 +155,12 @@ class UcxTransport final : public collectives::Transport {
   void wait(collectives::Request request, collectives::Clock::time_point deadline) override;
   bool test(collectives::Request request) override;
   void abort(const std::string& reason) override;
+  // Moves what UCX can move and takes in the messages it holds unexpected from live peers, then
+  // drives those to the end (bounded by kBesideBound), without waiting for anything else: how a
+  // wait that carries no UCX messages (host memory's barriers: host_memory_transport.h) lets a
+  // peer held in a send to this rank finish it. Owner thread; never throws.
+  void progress_beside();
+  std::string why_no_symmetric_memory() const override { return options_.why_no_symmetric_memory; }
 
   struct Op;  // one request (ucx_transport.cc)
   struct Piece;

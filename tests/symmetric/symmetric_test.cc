@@ -26,6 +26,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -53,7 +54,10 @@ std::shared_ptr<ProcessGroup> join(uint16_t port, int rank, int size,
   options.rank = rank;
   options.world_size = size;
   options.timeout = timeout;
-  options.backend = "tcp";
+  // WEFT_TEST_BACKEND=ucx runs the same cases over the UCX backend paired with host memory
+  // (backends/common/host_memory_transport.h); tcp otherwise.
+  const char* backend = std::getenv("WEFT_TEST_BACKEND");
+  options.backend = backend != nullptr && *backend != '\0' ? backend : "tcp";
   options.backend_settings = std::move(settings);
   return init_process_group(options);
 }
@@ -1172,18 +1176,22 @@ TEST_CASE(
 TEST_CASE("a group without shared memory refuses allocate_symmetric with Unsupported saying why",
           "[symmetric][multiproc]") {
   const uint16_t port = test::free_port();
+  const char* backend = std::getenv("WEFT_TEST_BACKEND");
+  const bool ucx = backend != nullptr && std::string_view(backend) == "ucx";
   test::run_ranks_ok(2, [&](int rank) {
-    auto pg = join(port, rank, 2, seconds(30), {{"shm", "0"}});
+    auto pg = join(port, rank, 2, seconds(30), {{ucx ? "host_memory" : "shm", "0"}});
     try {
       pg->allocate_symmetric(4096);
-      RANK_CHECK(false, "allocate_symmetric succeeded over TCP");
+      RANK_CHECK(false, "allocate_symmetric succeeded without shared memory");
     } catch (const Error& e) {
       const std::string what = e.what();
       RANK_CHECK(e.code() == ErrorCode::Unsupported, "{}", what);
       RANK_CHECK(what.find(fmt::format("rank {}/2 group \"world\" allocate_symmetric", rank)) !=
                      std::string::npos,
                  "{}", what);
-      RANK_CHECK(what.find("shared memory is off") != std::string::npos, "{}", what);
+      RANK_CHECK(what.find(ucx ? "host memory is off for this group (the setting host_memory=0)"
+                               : "shared memory is off") != std::string::npos,
+                 "{}", what);
     }
     // Collectives go on over TCP.
     int64_t x = rank + 1;

@@ -10,12 +10,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "weft/backend.h"
+#include "weft/error.h"
 #include "weft/hash_store.h"
 #include "weft/process_group.h"
 
@@ -126,6 +129,76 @@ TEST_CASE("a group of one over WEFT_BACKEND=ucx runs collectives", "[ucx]") {
   CHECK(gathered[0] == 2.5f);
   CHECK(gathered[1] == -1.0f);
   pg->barrier()->wait();
+}
+
+// A group of one over ucx with `settings`; UCX_TLS as given ("" unsets it).
+std::shared_ptr<ProcessGroup> ucx_group_of_one(std::map<std::string, std::string> settings,
+                                               const char* tls) {
+  const char* built = std::getenv("WEFT_TEST_UCX_DIR");
+  REQUIRE(built != nullptr);
+  REQUIRE(setenv("WEFT_PLUGIN_PATH", built, 1) == 0);
+  if (*tls == '\0') {
+    REQUIRE(unsetenv("UCX_TLS") == 0);
+  } else {
+    REQUIRE(setenv("UCX_TLS", tls, 1) == 0);
+  }
+  ProcessGroupOptions options;
+  options.store = std::make_shared<HashStore>();
+  options.rank = 0;
+  options.world_size = 1;
+  options.timeout = std::chrono::seconds(20);
+  options.backend = "ucx";
+  options.backend_settings = std::move(settings);
+  auto pg = init_process_group(options);
+  REQUIRE(unsetenv("UCX_TLS") == 0);
+  return pg;
+}
+
+// allocate_symmetric's Unsupported message, or "" when it succeeds.
+std::string symmetric_refusal(ProcessGroup& pg) {
+  try {
+    auto buffer = pg.allocate_symmetric(4096);
+    REQUIRE(buffer != nullptr);
+    return "";
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Unsupported);
+    return e.what();
+  }
+}
+
+TEST_CASE("host memory over ucx: on by default, off by setting or by UCX_TLS, bad values refused",
+          "[ucx]") {
+  // On: symmetric buffers (and the bounce region, shared slots) come with it.
+  auto pg = ucx_group_of_one({}, "");
+  CHECK(symmetric_refusal(*pg) == "");
+  pg = ucx_group_of_one({{"host_memory", "1"}}, "tcp");  // forced on over UCX_TLS=tcp
+  CHECK(symmetric_refusal(*pg) == "");
+  pg = ucx_group_of_one({}, "^tcp");
+  CHECK(symmetric_refusal(*pg) == "");
+  // Off: the group says why.
+  pg = ucx_group_of_one({{"host_memory", "0"}}, "");
+  std::string why = symmetric_refusal(*pg);
+  CHECK(why.find("host memory is off for this group (the setting host_memory=0)") !=
+        std::string::npos);
+  pg = ucx_group_of_one({}, "tcp");
+  why = symmetric_refusal(*pg);
+  CHECK(why.find("UCX_TLS=\"tcp\" rules out shared memory") != std::string::npos);
+  pg = ucx_group_of_one({}, "^posix,sysv,cma");
+  why = symmetric_refusal(*pg);
+  CHECK(why.find("rules out shared memory") != std::string::npos);
+  // Collectives run either way.
+  int64_t x = 7;
+  pg->all_reduce(Tensor::of(&x, 1))->wait();
+  CHECK(x == 7);
+  pg.reset();
+  try {
+    ucx_group_of_one({{"host_memory", "sometimes"}}, "");
+    FAIL("host_memory=sometimes was accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    CHECK(std::string(e.what()).find(
+              "the setting host_memory=\"sometimes\": expected 0, 1 or auto") != std::string::npos);
+  }
 }
 
 }  // namespace

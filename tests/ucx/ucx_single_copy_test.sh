@@ -9,11 +9,12 @@ perf=$1
 export WEFT_PLUGIN_PATH=$2
 fail=0
 
-# Runs weft-perf OP on 2 ranks with WEFT_LOG=debug; prints its output.
+# Runs weft-perf OP on 2 ranks with WEFT_LOG=debug, host memory off (it would take all_gather and
+# all_reduce off the messages); prints its output.
 run() {
   local op=$1
   shift
-  env WEFT_LOG=debug "$@" "$perf" "$op" --backend ucx -g 2 -b 256K -e 1M -f 4 -n 2 -w 1 -c 1 2>&1
+  env WEFT_LOG=debug WEFT_UCX_HOST_MEMORY=0 "$@" "$perf" "$op" --backend ucx -g 2 -b 256K -e 1M -f 4 -n 2 -w 1 -c 1 2>&1
 }
 # The sum over ranks of the Nth number in the log's single-copy counts.
 count() {
