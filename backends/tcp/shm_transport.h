@@ -123,7 +123,7 @@ class ShmTransport final : public collectives::Transport {
     // transport's (the slots' barrier, wait_beside()): where this transport lends its memory to
     // another that carries the messages (backends/common/host_memory_transport.h), a peer may be
     // held in a send to this rank until that transport takes the message in. Called before the
-    // first sleep of such a wait and once per slice (50 ms) after. Must not throw.
+    // first sleep of such a wait and once per slice (50 ms) after; what it throws fails that wait.
     std::function<void()> progress_beside;
   };
 

@@ -586,7 +586,8 @@ std::unique_ptr<UcxTransport> UcxTransport::connect(Store& store, int rank, int 
                               connected[r], text));
     }
     // ",3,5," holds ",<rank>," exactly when the rank is listed.
-    const std::string listed = "," + std::string(end + 1, text.data() + text.size());
+    std::string listed(1, ',');
+    listed.append(end + 1, text.data() + text.size());
     if (r != rank && listed.find("," + me) != std::string::npos) t->copy_from_[r] = from;
   }
   t->spin_budget_ = config().spin_us >= 0 ? std::chrono::microseconds(config().spin_us)

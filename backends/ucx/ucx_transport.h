@@ -158,7 +158,8 @@ class UcxTransport final : public collectives::Transport {
   // Moves what UCX can move and takes in the messages it holds unexpected from live peers, then
   // drives those to the end (bounded by kBesideBound), without waiting for anything else: how a
   // wait that carries no UCX messages (host memory's barriers: host_memory_transport.h) lets a
-  // peer held in a send to this rank finish it. Owner thread; never throws.
+  // peer held in a send to this rank finish it. Owner thread; fails no request of its own (a
+  // peer found lost fails the requests with it, as in wait()).
   void progress_beside();
   std::string why_no_symmetric_memory() const override { return options_.why_no_symmetric_memory; }
 
