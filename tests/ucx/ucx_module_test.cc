@@ -107,8 +107,8 @@ TEST_CASE("the built module loads by name and serves cpu", "[ucx]") {
   CHECK(what.find("unknown backend \"no-such-backend\"") != std::string::npos);
 }
 
-TEST_CASE("a group of one over WEFT_BACKEND=ucx runs collectives", "[ucx]") {
-  // meson sets WEFT_BACKEND=ucx for this program; the options name no backend.
+// A group of one's options, with the built module on WEFT_PLUGIN_PATH; no backend named.
+ProcessGroupOptions group_of_one() {
   const char* built = std::getenv("WEFT_TEST_UCX_DIR");
   REQUIRE(built != nullptr);
   REQUIRE(setenv("WEFT_PLUGIN_PATH", built, 1) == 0);
@@ -117,7 +117,12 @@ TEST_CASE("a group of one over WEFT_BACKEND=ucx runs collectives", "[ucx]") {
   options.rank = 0;
   options.world_size = 1;
   options.timeout = std::chrono::seconds(20);
-  auto pg = init_process_group(options);
+  return options;
+}
+
+TEST_CASE("a group of one over WEFT_BACKEND=ucx runs collectives", "[ucx]") {
+  // meson sets WEFT_BACKEND=ucx for this program; the options name no backend.
+  auto pg = init_process_group(group_of_one());
   CHECK(pg->backend_name() == "ucx");
   std::vector<int32_t> x = {1, -2, 3, 1 << 30};
   const std::vector<int32_t> expected = x;
@@ -134,19 +139,12 @@ TEST_CASE("a group of one over WEFT_BACKEND=ucx runs collectives", "[ucx]") {
 // A group of one over ucx with `settings`; UCX_TLS as given ("" unsets it).
 std::shared_ptr<ProcessGroup> ucx_group_of_one(std::map<std::string, std::string> settings,
                                                const char* tls) {
-  const char* built = std::getenv("WEFT_TEST_UCX_DIR");
-  REQUIRE(built != nullptr);
-  REQUIRE(setenv("WEFT_PLUGIN_PATH", built, 1) == 0);
   if (*tls == '\0') {
     REQUIRE(unsetenv("UCX_TLS") == 0);
   } else {
     REQUIRE(setenv("UCX_TLS", tls, 1) == 0);
   }
-  ProcessGroupOptions options;
-  options.store = std::make_shared<HashStore>();
-  options.rank = 0;
-  options.world_size = 1;
-  options.timeout = std::chrono::seconds(20);
+  ProcessGroupOptions options = group_of_one();
   options.backend = "ucx";
   options.backend_settings = std::move(settings);
   auto pg = init_process_group(options);
