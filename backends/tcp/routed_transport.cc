@@ -26,6 +26,7 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
   mesh_options.group_name = options.group_name;
   const bool shm_on = options.shm.value_or(config().shm);
   mesh_options.shm = shm_on;
+  mesh_options.local_only = options.local_only;
   TcpMesh mesh = TcpMesh::connect(store, rank, size, mesh_options);
   std::vector<bool> use_shm(size, false);
   std::vector<int> shm_apart;  // peers on this machine whose /dev/shm is not this rank's
@@ -71,14 +72,21 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
       tcp_peers.push_back(peer);
     }
   }
-  const bool any_shm = !shm_peers.empty(), any_tcp = !tcp_peers.empty();
+  // spans: some rank is on another host (or behind another /dev/shm).
+  const bool any_shm = !shm_peers.empty(), spans = !tcp_peers.empty();
+  const bool any_tcp = spans && !options.local_only;
   // Once per group and rank: the line that shows whether a launch across hosts was seen as such
   // (shared memory inside a host, TCP between), as NCCL's INFO lines name each peer's transport.
   auto ranks_text = [](const std::vector<int>& ranks) {
     return ranks.empty() ? std::string("none") : fmt::format("{}", fmt::join(ranks, ", "));
   };
-  WEFT_LOG_INFO("rank {}/{} group \"{}\": shared memory with rank(s) {}; TCP with rank(s) {}", rank,
-                size, options.group_name, ranks_text(shm_peers), ranks_text(tcp_peers));
+  if (options.local_only) {
+    WEFT_LOG_DEBUG("rank {}/{} group \"{}\": host memory with rank(s) {}", rank, size,
+                   options.group_name, ranks_text(shm_peers));
+  } else {
+    WEFT_LOG_INFO("rank {}/{} group \"{}\": shared memory with rank(s) {}; TCP with rank(s) {}",
+                  rank, size, options.group_name, ranks_text(shm_peers), ranks_text(tcp_peers));
+  }
   std::unique_ptr<ShmTransport> shm;
   if (any_shm) {
     ShmTransport::Options shm_options = options.shm_options;
@@ -109,7 +117,7 @@ std::unique_ptr<RoutedTransport> RoutedTransport::connect(Store& store, int rank
     sym_options.group_name = options.group_name;
     sym_options.key_prefix = options.key_prefix + "/sym";
     sym_options.group_id = group_id;
-    if (any_tcp) sym_options.nodes = std::move(nodes);
+    if (spans) sym_options.nodes = std::move(nodes);
     routed->symmetric_ = std::make_unique<ShmSymmetricMemory>(store, rank, size, shm_transport,
                                                               std::move(sym_options));
   }

@@ -51,6 +51,11 @@ class RoutedTransport final : public collectives::Transport {
     // Overrides the host test (for tests that need both transports on one machine): shared
     // memory between a and b when it returns true. REQUIRES: symmetric, same on every rank.
     std::function<bool(int a, int b)> shm_between;
+    // Connect only the ranks that share this rank's /dev/shm, and carry nothing to the others
+    // (sending to them is InvalidArgument): the host side of host memory paired with a transport
+    // that reaches every rank (backends/common/host_memory_transport.h). node_of() and symmetric
+    // memory across hosts are as without it.
+    bool local_only = false;
     TcpTransport::Options tcp;
     ShmTransport::Options shm_options;  // group_name, key_prefix and group_id are filled in
   };

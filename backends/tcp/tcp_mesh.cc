@@ -401,6 +401,11 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
   check_shm_agrees(mesh.records_, rank, where);
   mesh.group_id_ = fnv1a(options.key_prefix) ^ nonce ^ (static_cast<uint64_t>(size) << 48);
 
+  // The peers this rank connects to (every rank computes the same relation from the records).
+  auto wanted = [&](int peer) { return !options.local_only || mesh.shares_shm(peer); };
+  int higher_wanted = 0;
+  for (int r = rank + 1; r < size; ++r) higher_wanted += wanted(r) ? 1 : 0;
+
   auto handshake_to = [&](int peer) {
     Handshake h;
     h.group_id = mesh.group_id_;
@@ -425,6 +430,7 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
   // Lower ranks: connect and send our handshake (the kernel's backlog completes the connection
   // even while that rank is still connecting to its own lower ranks).
   for (int peer = 0; peer < rank; ++peer) {
+    if (!wanted(peer)) continue;
     const PeerRecord& record = mesh.records_[peer];
     std::string what = fmt::format("{} connect to rank {}", where, peer);
     // A loopback address published from another host reaches this host, not the peer.
@@ -466,11 +472,11 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
   auto missing_higher = [&] {
     std::vector<int> missing;
     for (int r = rank + 1; r < size; ++r) {
-      if (!mesh.sockets_[r].valid()) missing.push_back(r);
+      if (wanted(r) && !mesh.sockets_[r].valid()) missing.push_back(r);
     }
     return missing;
   };
-  for (int accepted = 0; accepted < size - rank - 1;) {
+  for (int accepted = 0; accepted < higher_wanted;) {
     std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
     for (auto& p : pending) fds.push_back({p.socket.fd(), POLLIN, 0});
     int rc = ::poll(fds.data(), fds.size(),
@@ -499,7 +505,7 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
       if (n > 0 && (p.got += static_cast<size_t>(n)) == kHandshakeBytes) {
         Handshake h = decode(p.bytes.data());
         reason = check(h, [&](int from) {
-          return from > rank && from < size && !mesh.sockets_[from].valid();
+          return from > rank && from < size && wanted(from) && !mesh.sockets_[from].valid();
         });
         drop = true;
         if (reason.empty()) {
@@ -536,6 +542,7 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
 
   // Lower ranks' answers: they confirm that the right process accepted us.
   for (int peer = 0; peer < rank; ++peer) {
+    if (!wanted(peer)) continue;
     std::array<uint8_t, kHandshakeBytes> bytes{};
     try {
       net::read_exact(mesh.sockets_[peer].fd(), bytes.data(), bytes.size(), deadline, where);
@@ -549,7 +556,9 @@ TcpMesh TcpMesh::connect_ranks(Store& store, int rank, int size, const TcpMeshOp
       }
       if (e.code() != ErrorCode::Timeout) throw;
       std::vector<int> missing;
-      for (int r = peer; r < rank; ++r) missing.push_back(r);
+      for (int r = peer; r < rank; ++r) {
+        if (wanted(r)) missing.push_back(r);
+      }
       throw_error(ErrorCode::Timeout, where,
                   fmt::format("{} within {} ms",
                               ranks_that(missing, "did not answer the handshake",

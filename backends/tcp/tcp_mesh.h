@@ -52,6 +52,11 @@ struct TcpMeshOptions {
   // that two ranks on one host that disagree fail at setup, naming both, instead of one waiting
   // for a shared-memory record the other never writes. Unset: not published, nothing checked.
   std::optional<bool> shm;
+  // Connect only the peers that share this rank's /dev/shm (shares_shm()); the others' sockets
+  // stay invalid. For a mesh that serves as shared memory's control sockets beside another
+  // transport that reaches every rank (host memory paired with UCX): no connection to another
+  // host's ranks, so no O(P^2) sockets across a job.
+  bool local_only = false;
 };
 
 // What a rank published about itself.
@@ -90,7 +95,8 @@ class TcpMesh {
   // The same for any two ranks a and b of the mesh, as every rank computes it alike.
   bool share_shm(int a, int b) const;
 
-  // The sockets, indexed by rank; the entry for this rank is invalid. Leaves the mesh empty.
+  // The sockets, indexed by rank; the entry for this rank is invalid (and, with local_only, those
+  // of the peers that do not share this rank's /dev/shm). Leaves the mesh empty.
   std::vector<net::Socket> take_sockets();
 
   // This machine's fingerprint, as published: "hostname/boot-id". Throws Error(Io) when the

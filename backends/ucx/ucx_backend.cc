@@ -66,12 +66,13 @@ std::unique_ptr<Backend> create_ucx_backend(const BackendOptions& options) {
     return std::make_unique<backends::TransportBackend>("ucx", options, std::move(ucx));
   }
   // The host side: shared memory between this host's ranks (its rings carry nothing, so they
-  // are the smallest there are), TCP sockets to other hosts' ranks only as its mesh makes them.
+  // are the smallest there are); no connection to other hosts' ranks (UCX reaches them).
   tcp::RoutedTransport::Options host_options;
   host_options.group_name = options.group_name;
   host_options.key_prefix = "ucx/host";
   host_options.timeout = options.timeout;
   host_options.shm = true;
+  host_options.local_only = true;
   host_options.shm_options.ring_bytes = 4096;
   // Its barriers carry no UCX messages: while they wait, UCX must still take in what a peer
   // sends this rank, or a peer held in a large send would never come to the barrier.

@@ -1,4 +1,5 @@
 // TcpMesh: pairwise connection setup through a store, and what it refuses.
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -6,6 +7,8 @@
 #include <array>
 #include <cstring>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -345,6 +348,47 @@ TEST_CASE("tcp mesh rejects a rank outside the group", "[tcp]") {
   CHECK_THROWS_MATCHES(TcpMesh::connect(store, 3, 2), Error,
                        Catch::Predicate<Error>(
                            [](const Error& e) { return e.code() == ErrorCode::InvalidArgument; }));
+}
+
+TEST_CASE("a local-only mesh connects this host's ranks and never another host's", "[tcp]") {
+  // Ranks 1 and 2 run here; rank 0 stands in for a rank on host "elsewhere", listening where
+  // nobody may connect. With local_only, 1 and 2 connect to each other and not to rank 0.
+  TempDir dir;
+  uint16_t port = 0;
+  net::Socket far_listener = net::listen_on("127.0.0.1", 0, &port);
+  {
+    FileStore store(dir.file("store"), 3);
+    store.set("local/0",
+              TcpMesh::encode_record(
+                  PeerRecord{"127.0.0.1", port, "elsewhere/boot", "1:2", std::nullopt}, 7));
+  }
+  TcpMeshOptions options;
+  options.key_prefix = "local";
+  options.timeout = 30s;
+  options.local_only = true;
+  std::vector<net::Socket> two;
+  std::thread other([&] {
+    FileStore store(dir.file("store"), 3);
+    two = TcpMesh::connect(store, 2, 3, options).take_sockets();
+  });
+  FileStore store(dir.file("store"), 3);
+  std::vector<net::Socket> one = TcpMesh::connect(store, 1, 3, options).take_sockets();
+  other.join();
+  REQUIRE(one.size() == 3);
+  REQUIRE(two.size() == 3);
+  CHECK_FALSE(one[0].valid());
+  CHECK(one[2].valid());
+  CHECK_FALSE(two[0].valid());
+  CHECK(two[1].valid());
+  // Nobody knocked at rank 0's door.
+  pollfd fd{far_listener.fd(), POLLIN, 0};
+  CHECK(::poll(&fd, 1, 0) == 0);
+  // The pair that connected talks.
+  const char ping = 'p';
+  REQUIRE(::send(one[2].fd(), &ping, 1, 0) == 1);
+  char got = 0;
+  REQUIRE(::recv(two[1].fd(), &got, 1, 0) == 1);
+  CHECK(got == 'p');
 }
 
 TEST_CASE("tcp mesh of one rank has no connections", "[tcp]") {
