@@ -5,6 +5,9 @@
 // memory the tracker counts.
 #include "fsdp/fsdp.h"
 
+#include <poll.h>
+#include <sched.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -727,8 +731,20 @@ std::map<std::string, int> recorded_algorithms(int rank) {
   return counts;
 }
 
+// Whether thread `tid` of this process is asleep (state S in /proc: blocked in the kernel, as a
+// Work's wait is once its short spin is over).
+bool thread_sleeps(pid_t tid) {
+  std::ifstream in(fmt::format("/proc/self/task/{}/stat", tid));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'S';
+}
+
 TEST_CASE("fsdp: exposed communication counts the waits a late rank causes, none without comm",
           "[fsdp]") {
+  // Rank 0's watcher tells rank 1 through it that rank 0 waits (below); made before the ranks fork.
+  int rank0_waits[2];
+  REQUIRE(::pipe(rank0_waits) == 0);
   const std::vector<int64_t> dims = {6, 5, 3};
   std::vector<float> x(4 * 6);
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 5 % 13) - 6) / 8.0f;
@@ -759,19 +775,44 @@ TEST_CASE("fsdp: exposed communication counts the waits a late rank causes, none
                "communication off: {} gathers, exposed {} ns in {} blocking waits", off.all_gathers,
                off.exposed_comm_ns, off.blocking_waits);
 
-    // Rank 1 is late by 300 ms (the fault measured, not a synchronisation: no condition can
-    // say "late", and waiting for one rank 0 sets would let rank 1 in before rank 0 blocks, the
-    // race this lateness is there to exclude): rank 0's first
-    // gather cannot complete before rank 1 posts its own, so rank 0 blocks in it. (Unless rank 0
-    // itself stalled 300 ms between posting and waiting: then nothing blocked, and the check
-    // would fail spuriously.) The time counted lies within the step's.
+    // Rank 1 is late: it posts its first gather only once rank 0 is asleep waiting for its own
+    // (rank 0 has posted a collective on the shard group and its training thread sleeps), so
+    // rank 0's first wait must block, whatever the machine's load. Rank 0's watcher thread says
+    // so through a pipe the ranks share. The time counted lies within the step's.
     world->barrier()->wait();
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::thread watcher;
+    bool said = false;  // by the watcher: rank 1 was told
+    struct JoinAtEnd {
+      std::thread& thread;
+      ~JoinAtEnd() {
+        if (thread.joinable()) thread.join();
+      }
+    } join_at_end{watcher};
+    if (rank == 0) {
+      const std::shared_ptr<ProcessGroup> dp = mesh.group("dp");
+      const uint64_t before = dp->sequence_number();
+      const pid_t trainer = static_cast<pid_t>(::syscall(SYS_gettid));
+      watcher = std::thread([&said, dp, before, trainer, fd = rank0_waits[1]] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (!(dp->sequence_number() > before && thread_sleeps(trainer)) &&
+               std::chrono::steady_clock::now() < deadline) {
+          sched_yield();
+        }
+        const char go = 'g';
+        said = ::write(fd, &go, 1) == 1;
+      });
+    } else {
+      pollfd fd{rank0_waits[0], POLLIN, 0};
+      RANK_CHECK(::poll(&fd, 1, 30'000) == 1, "rank 0 never said it waits");
+    }
     const auto start = std::chrono::steady_clock::now();
     step();
     const int64_t step_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                 std::chrono::steady_clock::now() - start)
                                 .count();
+    if (watcher.joinable()) watcher.join();
+    RANK_CHECK(rank != 0 || said, "rank 0's watcher could not tell rank 1: {}",
+               std::strerror(errno));
     const fsdp::FsdpStats late = fsdp::stats(model);
     const int64_t exposed = late.exposed_comm_ns - off.exposed_comm_ns;
     RANK_CHECK(exposed <= step_ns && late.exposed_all_gather_ns <= late.exposed_comm_ns,
