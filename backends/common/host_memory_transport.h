@@ -73,8 +73,6 @@ class HostMemoryTransport final : public collectives::Transport {
   std::string why_no_symmetric_memory() const override { return host_->why_no_symmetric_memory(); }
   collectives::SharedSlots* shared_slots() override { return host_->shared_slots(); }
 
-  collectives::Transport& messages() { return *messages_; }
-
  private:
   std::unique_ptr<collectives::Transport> messages_;
   std::unique_ptr<collectives::Transport> host_;  // declared last: destroyed first

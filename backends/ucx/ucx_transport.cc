@@ -11,6 +11,8 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -99,24 +101,33 @@ void default_setting(ucp_config_t* config, const char* name, const char* value) 
   }
 }
 
-// Whether UCX_TLS (as the user set it) allows cross-memory attach, which the single-copy path
-// is: unset, "all", an exclusion list that does not exclude it, or a list naming "cma" or "sm".
-bool tls_may_use_cma() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (tls == nullptr || *tls == '\0') return true;
-  const bool exclude = *tls == '^';
-  std::string_view rest(tls + (exclude ? 1 : 0));
+// UCX_TLS as the user set it: whether it is an exclusion list ("^tcp"), and whether it names any
+// of `names`. nullopt when it is unset or empty (UCX's own choice).
+struct TlsNames {
+  bool exclude = false;
   bool named = false;
+};
+std::optional<TlsNames> tls_names(std::initializer_list<std::string_view> names) {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0') return std::nullopt;
+  TlsNames out;
+  out.exclude = *tls == '^';
+  std::string_view rest(tls + (out.exclude ? 1 : 0));
   while (!rest.empty()) {
     const size_t comma = rest.find(',');
     const std::string_view name = rest.substr(0, comma);
-    for (std::string_view cma : {"all", "sm", "shm", "cma"}) {
-      if (name == cma) named = true;
-    }
+    for (std::string_view wanted : names) out.named = out.named || name == wanted;
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
-  return exclude ? !named : named;
+  return out;
+}
+
+// Whether UCX_TLS allows cross-memory attach, which the single-copy path is: unset, "all", an
+// exclusion list that does not exclude it, or a list naming "cma" or "sm".
+bool tls_may_use_cma() {
+  const auto tls = tls_names({"all", "sm", "shm", "cma"});
+  return !tls || (tls->exclude ? !tls->named : tls->named);
 }
 
 std::string host_name() {
@@ -128,22 +139,12 @@ std::string host_name() {
 }  // namespace
 
 bool tls_may_use_shared_memory() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (tls == nullptr || *tls == '\0') return true;
-  const bool exclude = *tls == '^';
-  std::string_view rest(tls + (exclude ? 1 : 0));
-  bool all = false, posix = false, sysv = false;
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    const std::string_view name = rest.substr(0, comma);
-    if (name == "all" || name == "sm" || name == "shm" || name == "mm") all = true;
-    if (name == "posix") posix = true;
-    if (name == "sysv") sysv = true;
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
-  // "^tcp" leaves shared memory in; "^posix,sysv" (or "^sm") takes it out.
-  return exclude ? !(all || (posix && sysv)) : (all || posix || sysv);
+  const auto any = tls_names({"all", "sm", "shm", "mm", "posix", "sysv"});
+  if (!any) return true;
+  if (!any->exclude) return any->named;
+  // "^tcp" leaves shared memory in; "^posix,sysv" (or "^sm", "^mm") takes it out.
+  const bool all_out = tls_names({"all", "sm", "shm", "mm"})->named;
+  return !(all_out || (tls_names({"posix"})->named && tls_names({"sysv"})->named));
 }
 
 uint64_t ucp_tag_of(Tag tag, int sender) {
