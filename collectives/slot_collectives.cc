@@ -90,6 +90,8 @@ void reduce_slots(SharedSlots& slots, int parity, int ranks, size_t at, void* ou
 
 bool slots_fit(const SharedSlots& slots, Op op, size_t slot_bytes) {
   if (slot_bytes > slots.capacity()) return false;
+  // Nothing to move: the message path returns at once, where a slot barrier waits for every rank.
+  if (slot_bytes == 0 && op != Op::Barrier) return false;
   switch (op) {
     case Op::AllReduce:
     case Op::AllGather:
