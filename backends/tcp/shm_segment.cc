@@ -117,9 +117,17 @@ ShmSegment ShmSegment::create(std::string_view name_in, size_t size) {
   }
 }
 
-ShmSegment ShmSegment::open(std::string_view name_in, size_t expected_size) {
+ShmSegment ShmSegment::open(std::string_view name, size_t expected_size) {
+  std::optional<ShmSegment> segment = open_if_present(name, expected_size);
+  if (!segment) throw_errno(normalize_name(name), "shm_open", ENOENT);
+  return std::move(*segment);
+}
+
+std::optional<ShmSegment> ShmSegment::open_if_present(std::string_view name_in,
+                                                      size_t expected_size) {
   std::string name = normalize_name(name_in);
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0 && errno == ENOENT) return std::nullopt;
   if (fd < 0) throw_errno(name, "shm_open", errno);
   FdCloser closer(fd);
   struct stat st {};

@@ -35,6 +35,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -54,6 +55,8 @@ class ShmSegment {
   // (Error(InvalidArgument)). Throws Error(Io) naming the object and errno when it is missing
   // (ENOENT: not created yet, or already unlinked) or cannot be mapped.
   static ShmSegment open(std::string_view name, size_t expected_size = 0);
+  // As open(), but nullopt when no object has the name (ENOENT): for a caller that can tell why.
+  static std::optional<ShmSegment> open_if_present(std::string_view name, size_t expected_size = 0);
 
   ShmSegment(ShmSegment&& other) noexcept;
   ShmSegment& operator=(ShmSegment&& other) noexcept;

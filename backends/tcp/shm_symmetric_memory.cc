@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -24,6 +26,9 @@ namespace {
 
 // Starts the record of a rank that could not create or open the buffer (no name starts so).
 constexpr std::string_view kFailed = "! ";
+
+// How long a rank that found its leader's new segment already removed waits to learn why.
+constexpr std::chrono::seconds kVerdictWait{2};
 
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -93,6 +98,8 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::make_region(size_t bytes,
   // One name per host: its leader's.
   const std::string key = fmt::format("{}/{}/{}", options_.key_prefix, tag, leader);
   auto opened_key = [&](int r) { return fmt::format("{}/opened/{}", key, r); };
+  // Why the leader removed a segment it had published (it gave up waiting for the others).
+  const std::string gave_up_key = key + "/gave-up";
   auto ready_key = [&](int r) {
     return fmt::format("{}/{}/ready/{}", options_.key_prefix, tag, r);
   };
@@ -128,7 +135,21 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::make_region(size_t bytes,
       if (bounce) wake_peers();
       std::vector<std::string> keys;
       for (int l = 1; l < local_size; ++l) keys.push_back(opened_key(local_[l]));
-      std::vector<Bytes> acks = get_all(keys, deadline, bounce);
+      std::vector<Bytes> acks;
+      try {
+        acks = get_all(keys, deadline, bounce);
+      } catch (const Error& e) {
+        // The segment goes with this frame: a peer that has its name but has not mapped it yet
+        // finds it gone, and reads why here rather than reporting the vanished name.
+        const std::string why = fmt::format("{} {}", static_cast<int>(e.code()), e.what());
+        try {
+          store_.set(gave_up_key, Bytes(why.begin(), why.end()));
+          if (bounce) wake_peers();
+        } catch (const Error&) {
+          // The store is gone too: the peers learn of it from their own waits.
+        }
+        throw;
+      }
       for (int l = 1; l < local_size; ++l) {
         const std::string ack = text_of(acks[l - 1]);
         if (ack.starts_with(kFailed)) {
@@ -149,7 +170,39 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::make_region(size_t bytes,
                                              record.substr(kFailed.size())));
     }
     try {
-      segment = std::make_shared<ShmSegment>(ShmSegment::open(record, layout.total));
+      std::optional<ShmSegment> opened = ShmSegment::open_if_present(record, layout.total);
+      if (!opened) {
+        // The name was published, so the leader created it; gone now, it gave up waiting for
+        // the acknowledgements (a local rank died, or the deadline passed) and removed it.
+        // That cause, not the missing name, is the error: wait a little for the leader's record
+        // of why, and fail with its code. Within a collective the wait is beside the transport,
+        // which finds a dead or aborted peer within a slice.
+        const auto until = std::min(deadline, Clock::now() + kVerdictWait);
+        bool told = false;
+        if (bounce && shm_ != nullptr) {
+          told = shm_->wait_beside([&] { return store_.check({gave_up_key}); }, until);
+        } else {
+          try {
+            store_.wait({gave_up_key}, left_until(until));
+            told = true;
+          } catch (const Error& e) {
+            if (e.code() != ErrorCode::Timeout) throw;
+          }
+        }
+        if (told) {
+          // "<code> <message>", the code as the leader had it.
+          const std::string why = text_of(store_.get(gave_up_key, left_until(deadline)));
+          const size_t space = why.find(' ');
+          const int code = std::atoi(why.substr(0, space).c_str());
+          const bool known = code >= static_cast<int>(ErrorCode::Timeout) &&
+                             code <= static_cast<int>(ErrorCode::Internal);
+          throw error(known ? static_cast<ErrorCode>(code) : ErrorCode::Io,
+                      fmt::format("rank {} gave up on {} before this rank mapped it: {}", leader,
+                                  what, space == std::string::npos ? why : why.substr(space + 1)));
+        }
+        opened = ShmSegment::open(record, layout.total);  // throws, naming the missing object
+      }
+      segment = std::make_shared<ShmSegment>(std::move(*opened));
       const auto* header = reinterpret_cast<const SymmetricHeader*>(segment->data());
       if (header->magic != collectives::kSymmetricMagic ||
           header->ranks != static_cast<uint64_t>(local_size) || header->block_bytes != bytes) {

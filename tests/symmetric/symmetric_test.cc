@@ -1069,6 +1069,54 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a rank that comes to a symmetric allocation after its leader gave up fails with the "
+    "leader's reason, not a missing segment",
+    "[symmetric][multiproc][faults]") {
+  // Rank 2 never allocates, so rank 0 (the host's leader) publishes the segment's name, times
+  // out waiting for the acknowledgements and removes the segment. Rank 1 comes only then: it
+  // finds the name but no segment, and must say why (the leader's Timeout), not "shm_open
+  // failed: No such file or directory". (The same race, a rank dying, is a PeerLost.)
+  const std::string job = unique_job("gaveup");
+  ::setenv("WEFT_JOB_ID", job.c_str(), 1);
+  const uint16_t port = test::free_port();
+  test::run_ranks_ok(3, [&](int rank) {
+    auto pg = join(port, rank, 3, seconds(1));
+    auto side = side_store(port);
+    if (rank == 0) {
+      try {
+        pg->allocate_symmetric(4096);
+        RANK_CHECK(false, "the allocation succeeded without rank 2");
+      } catch (const Error& e) {
+        RANK_CHECK(e.code() == ErrorCode::Timeout, "{}", e.what());
+      }
+      side->set("test/failed/0", "1");
+      side->wait({"test/left/1", "test/left/2"}, seconds(20));
+      return;
+    }
+    side->wait({rank == 1 ? "test/failed/0" : "test/left/1"}, seconds(20));
+    if (rank == 1) {
+      try {
+        pg->allocate_symmetric(4096);
+        RANK_CHECK(false, "the allocation succeeded after the leader gave up");
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        RANK_CHECK(e.code() == ErrorCode::Timeout, "{}", what);
+        RANK_CHECK(what.find("rank 0 gave up on symmetric buffer #0 before this rank mapped it") !=
+                       std::string::npos,
+                   "{}", what);
+        RANK_CHECK(what.find("No such file") == std::string::npos, "{}", what);
+      }
+    }
+    pg.reset();
+    side->set(fmt::format("test/left/{}", rank), "1");
+  });
+  ::unsetenv("WEFT_JOB_ID");
+  const std::vector<std::string> left = shm_entries(job);
+  INFO(fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
+  CHECK(left.empty());
+}
+
 // What the killed rank leaves for the parent and the survivors, in memory shared across the fork:
 // steady_clock is CLOCK_MONOTONIC, one clock for every process on the host.
 struct KillRecord {
