@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "backends/tcp/shm_segment.h"
+#include "runtime/error_record.h"
 #include "runtime/launch_env.h"
 #include "runtime/shm_names.h"
 
@@ -140,14 +141,9 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::make_region(size_t bytes,
         acks = get_all(keys, deadline, bounce);
       } catch (const Error& e) {
         // The segment goes with this frame: a peer that has its name but has not mapped it yet
-        // finds it gone, and reads why here rather than reporting the vanished name.
-        const std::string why = fmt::format("{} {}", static_cast<int>(e.code()), e.what());
-        try {
-          store_.set(gave_up_key, Bytes(why.begin(), why.end()));
-          if (bounce) wake_peers();
-        } catch (const Error&) {
-          // The store is gone too: the peers learn of it from their own waits.
-        }
+        // finds it gone, and reads why here ("<code> <message>") rather than reporting the
+        // vanished name.
+        fail_record(gave_up_key, fmt::format("{} {}", static_cast<int>(e.code()), e.what()));
         throw;
       }
       for (int l = 1; l < local_size; ++l) {
@@ -177,26 +173,17 @@ std::shared_ptr<SymmetricRegion> ShmSymmetricMemory::make_region(size_t bytes,
         // That cause, not the missing name, is the error: wait a little for the leader's record
         // of why, and fail with its code. Within a collective the wait is beside the transport,
         // which finds a dead or aborted peer within a slice.
-        const auto until = std::min(deadline, Clock::now() + kVerdictWait);
-        bool told = false;
-        if (bounce && shm_ != nullptr) {
-          told = shm_->wait_beside([&] { return store_.check({gave_up_key}); }, until);
-        } else {
-          try {
-            store_.wait({gave_up_key}, left_until(until));
-            told = true;
-          } catch (const Error& e) {
-            if (e.code() != ErrorCode::Timeout) throw;
-          }
+        std::string why;
+        try {
+          why = text_of(
+              get_all({gave_up_key}, std::min(deadline, Clock::now() + kVerdictWait), bounce)[0]);
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::Timeout) throw;  // a dead or aborted peer says more
         }
-        if (told) {
-          // "<code> <message>", the code as the leader had it.
-          const std::string why = text_of(store_.get(gave_up_key, left_until(deadline)));
+        if (why.starts_with(kFailed)) {
+          why.erase(0, kFailed.size());
           const size_t space = why.find(' ');
-          const int code = std::atoi(why.substr(0, space).c_str());
-          const bool known = code >= static_cast<int>(ErrorCode::Timeout) &&
-                             code <= static_cast<int>(ErrorCode::Internal);
-          throw error(known ? static_cast<ErrorCode>(code) : ErrorCode::Io,
+          throw error(code_from(why),
                       fmt::format("rank {} gave up on {} before this rank mapped it: {}", leader,
                                   what, space == std::string::npos ? why : why.substr(space + 1)));
         }

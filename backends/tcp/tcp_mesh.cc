@@ -24,6 +24,7 @@
 #include "weft/error.h"
 
 #include "backends/common/transport_util.h"
+#include "runtime/error_record.h"
 #include "runtime/fd_limit.h"
 #include "runtime/log.h"
 
@@ -67,13 +68,6 @@ void kill_here_if_asked() {
 // Where the first rank that gives up on set-up writes "rank\ncode\nmessage".
 std::string failure_key(const TcpMeshOptions& options) {
   return fmt::format("{}/failure", options.key_prefix);
-}
-
-// An error code written as its number; unknown numbers become Io.
-ErrorCode code_from(const std::string& text) {
-  int value = std::atoi(text.c_str());
-  return value >= 1 && value <= static_cast<int>(ErrorCode::Io) ? static_cast<ErrorCode>(value)
-                                                                : ErrorCode::Io;
 }
 
 // Throws what another rank failed with, when one has given up on set-up.
