@@ -55,7 +55,7 @@ $(TSAN_BUILD)/build.ninja: | deps
 # No ninja step of its own: `meson test --suite threaded` builds what those tests need and no
 # more (not the benchmarks and tools), 5m45 of TSan compiling here instead of the whole tree.
 test-tsan: deps $(TSAN_BUILD)/build.ninja
-	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/support/tsan.supp \
 	  $(MESON_TEST) -C $(TSAN_BUILD) --suite threaded --timeout-multiplier 4; status=$$?; \
 	  scripts/test-summary $(TSAN_BUILD); exit $$status
 
