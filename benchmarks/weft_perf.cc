@@ -172,7 +172,8 @@ std::string usage_text(const std::string& name) {
       name, link ? "" : "COLLECTIVE|all ",
       link ? ""
            : "collectives: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
-             "             gather scatter sendrecv barrier hypercube, or all; or run it as\n"
+             "             gather scatter sendrecv barrier hypercube, or all; oneway (rank\n"
+             "             2k sends to 2k+1 only, as ucx_perftest's tag_bw); or run it as\n"
              "             all_reduce_perf, alltoall_perf, ... (nccl-tests' names)\n");
 }
 
@@ -326,7 +327,7 @@ Options parse(int argc, char** argv) {
     if (what == "all") {
       o.collectives = kCollectives;
     } else if (std::find(kCollectives.begin(), kCollectives.end(), what) != kCollectives.end() ||
-               what == "hypercube") {
+               what == "hypercube" || what == "oneway") {
       o.collectives = {what};
     } else {
       usage_error("unknown collective: " + what);
@@ -808,7 +809,9 @@ class Runner {
     };
     const bool root_only = coll_ == "broadcast" || coll_ == "scatter";
     if (root_only && rank_ != root_) return;
-    if (coll_ == "all_reduce" || coll_ == "reduce" || coll_ == "broadcast" || coll_ == "sendrecv") {
+    if (coll_ == "oneway" && rank_ % 2 == 1) return;  // the receivers: nothing to send
+    if (coll_ == "all_reduce" || coll_ == "reduce" || coll_ == "broadcast" || coll_ == "sendrecv" ||
+        coll_ == "oneway") {
       fill_range(in_place ? recv : send, 0, c, 0);
     } else if (coll_ == "all_gather" || coll_ == "gather" || coll_ == "hypercube") {
       if (in_place) {
@@ -894,6 +897,13 @@ class Runner {
       copy_io(b_, recv.data(), scratch.data(), c * dtype_size(t_));
       return work;
     }
+    if (coll_ == "oneway") {
+      // One direction only, as ucx_perftest's tag_bw and osu_bw: rank 2k sends to rank 2k+1.
+      // In place, the sender sends from and the receiver receives into the recv buffer.
+      if (rank_ % 2 == 0)
+        return pg_.send(in_place ? view(recv, 0, c) : view(send, 0, c), rank_ + 1);
+      return pg_.recv(view(recv, 0, c), rank_ - 1);
+    }
     return pg_.barrier();
   }
 
@@ -907,9 +917,15 @@ class Runner {
     void* recv = b_.recv.data();
     int64_t bad = 0;
     bool first = true;
+    // The rank the test hook flips an element on: one that checks a result.
+    int corrupt_rank = 0;
+    if (coll_ == "oneway") {
+      corrupt_rank = 1;
+    } else if (has_root(coll_) && coll_ != "scatter" && coll_ != "broadcast") {
+      corrupt_rank = root_;
+    }
     auto check = [&](size_t offset, double expected) {
-      if (first && o_.corrupt &&
-          rank_ == (has_root(coll_) && coll_ != "scatter" && coll_ != "broadcast" ? root_ : 0)) {
+      if (first && o_.corrupt && rank_ == corrupt_rank) {
         // The test hook. fp8's tolerance can exceed 1 (matches()): there the element turns
         // negative instead, far outside it, since every expected value is positive.
         const double value = load(t_, recv, offset);
@@ -935,6 +951,8 @@ class Runner {
       for (size_t i = 0; i < c; ++i) check(at + i, data_.input(root_, rank_ * c + i));
     } else if (coll_ == "sendrecv") {
       for (size_t i = 0; i < c; ++i) check(i, data_.input((rank_ - 1 + n_) % n_, i));
+    } else if (coll_ == "oneway" && rank_ % 2 == 1) {
+      for (size_t i = 0; i < c; ++i) check(i, data_.input(rank_ - 1, i));
     }
     return bad;
   }
@@ -1245,6 +1263,11 @@ int run(const Options& o, const std::string& url, int here_rank) {
     if (coll == "hypercube" && (n & (n - 1)) != 0) {
       // nccl-tests skips it the same way; its line has no "#", weft-perf's does, for parsers.
       if (main_rank) fmt::print("# nRanks {} is not a power of 2, skipping\n", n);
+      continue;
+    }
+    if (coll == "oneway" && n % 2 != 0) {
+      if (main_rank)
+        fmt::print("# nRanks {} is odd (oneway pairs rank 2k with 2k+1), skipping\n", n);
       continue;
     }
     if (has_root(coll)) {

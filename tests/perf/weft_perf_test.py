@@ -14,7 +14,8 @@ CASE is one of:
            #wrong = 0 everywhere; every dtype and op of all_reduce with -d all -o all.
   corrupt  with the test hook --corrupt-one-element, -c 1 reports #wrong = 1 on every line of
            every collective, the footer says FAILED, the exit status is non-zero; with -c 0
-           #wrong is N/A.
+           #wrong is N/A. Also oneway (rank 2k to 2k+1): #wrong 0 on 4 ranks, algbw = busbw =
+           size / time, one flipped element counted, 3 ranks skipped with a line.
   json     -J output validates against benchmarks/weft-perf.schema.json (python3-jsonschema)
            and agrees with the text output line by line.
   nccl     WEFT_PERF is a link named all_reduce_perf: nccl-tests' own command line
@@ -185,6 +186,25 @@ def case_corrupt(weftrun, perf, _schema):
                                   "--corrupt-one-element"])
     (m,) = blocks(proc.stdout)["all_reduce"]
     check(m.group(9) == "N/A" and m.group(13) == "N/A", f"-c 0: {m.group(0)}")
+
+    # oneway (not in `all`): rank 2k sends to 2k+1 only; the receivers check what arrived, so a
+    # flipped element on one of them counts, and an odd rank count is skipped with a line.
+    proc = run(weftrun, perf, 4, ["oneway", "-b", "1K", "-e", "4K", "-f", "2", "-n", "2"])
+    lines = blocks(proc.stdout)["oneway"]
+    check(len(lines) == 3, f"oneway lines: {proc.stdout}")
+    for m in lines:
+        check(m.group(9) == "0" and m.group(13) == "0", f"oneway wrong: {m.group(0)}")
+        size, t, alg, bus = int(m.group(1)), float(m.group(6)), float(m.group(7)), float(m.group(8))
+        check(alg == bus and abs(alg - size / (t * 1e-6) / 1e9) <= 0.01 + 0.01 * alg,
+              f"oneway bandwidth {m.group(0)}")
+    proc = run(weftrun, perf, 2, ["oneway", "-b", "1K", "-e", "1K", "--corrupt-one-element"],
+               expect_ok=False)
+    (m,) = blocks(proc.stdout)["oneway"]
+    check(proc.returncode != 0 and m.group(9) == "1" and m.group(13) == "1",
+          f"oneway, one flipped element: {m.group(0)}")
+    proc = run(weftrun, perf, 3, ["oneway", "-b", "1K", "-e", "1K"])
+    check("# nRanks 3 is odd (oneway pairs rank 2k with 2k+1), skipping" in proc.stdout,
+          proc.stdout)
 
 
 def case_json(weftrun, perf, schema_path):
