@@ -209,10 +209,12 @@ void ProgressThread::loop() {
       }
       // Deferred: give a waiting caller until start_at to claim it.
       sleep_ = Sleep::Timed;
+      wake_at_ = start_at;
       task_cv_.wait_until(lock, start_at);
     } else if (now < hot_until_) {
       sleep_ = Sleep::Timed;
-      task_cv_.wait_until(lock, std::min(hot_until_, now + kDeferral));
+      wake_at_ = std::min(hot_until_, now + kDeferral);
+      task_cv_.wait_until(lock, wake_at_);
     } else {
       sleep_ = Sleep::UntilNotified;
       task_cv_.wait(lock);
@@ -234,10 +236,14 @@ void ProgressThread::run_inline(const Work* work) {
   }
   if (claim == queue_.size()) return;
   for (size_t i = 0; i <= claim && !aborted_ && !queue_.empty(); ++i) run_front(lock);
-  // The destructor may be waiting for the queue to drain, the thread for queued work.
+  // The destructor may be waiting for the queue to drain, the thread for queued work. A thread in
+  // a timed sleep that ends before the next task may start needs no wake-up: on a core it shares
+  // with this caller, each one preempted the caller twice, about 17 us per small collective in a
+  // queue of deferred ones (measured: 8-byte all_reduce, 50 queued, 2 ranks bound to 2 cores).
   if (queue_.empty()) {
     idle_cv_.notify_all();
-  } else if (sleep_ != Sleep::Awake) {
+  } else if (sleep_ == Sleep::UntilNotified ||
+             (sleep_ == Sleep::Timed && queue_.front().not_before < wake_at_)) {
     task_cv_.notify_one();
   }
 }

@@ -178,6 +178,7 @@ class ProgressThread {
   size_t deferred_ = 0;
   Sleep sleep_ = Sleep::Awake;        // guarded by mutex_
   Clock::time_point hot_until_{};     // guarded by mutex_; see kHotPeriod
+  Clock::time_point wake_at_{};       // guarded by mutex_; when a Timed sleep ends
   const Work* running_ = nullptr;     // guarded by mutex_; the task being run, for messages
   bool aborted_ = false;              // guarded by mutex_
   std::string abort_reason_;          // guarded by mutex_; set with aborted_
