@@ -97,9 +97,10 @@ struct Options {
   // --bind-to: the ranks started here (no launcher) are bound to cores when they fit them, as
   // mpirun binds its ranks (runtime/cpu_binding.h); false: --bind-to none.
   bool bind_to_core = true;
-  bool cuda = false;               // --device cuda[:N]: buffers in CUDA device memory
-  int cuda_device = -1;            // N of cuda:N; -1: the local rank modulo the device count
-  bool corrupt = false;            // test hook: flip one element before checking
+  bool wait_each = false;  // --wait each: the timed loop waits on its Works one by one, in order
+  bool cuda = false;       // --device cuda[:N]: buffers in CUDA device memory
+  int cuda_device = -1;    // N of cuda:N; -1: the local rank modulo the device count
+  bool corrupt = false;    // test hook: flip one element before checking
   std::vector<std::string> notes;  // "# ..." lines rank 0 prints first (flags accepted, ignored)
   std::vector<std::string> args;
 };
@@ -159,6 +160,7 @@ std::string usage_text(const std::string& name) {
       "       [-m AGG] [-d TYPE|all] [-o OP|all] [-r ROOT|all] [-c CHECKS] [-z 0..3] [-a 0..3]\n"
       "       [-N CYCLES] [-T SECONDS] [-J FILE.json] [--csv FILE.csv] [-g N] [-t N]\n"
       "       [-R 0|1] [--backend NAME] [--device cpu|cuda|cuda:N] [--bind-to core|none]\n"
+      "       [--wait all|each]\n"
       "nccl-tests' flags, also as --long_name VALUE or --long_name=VALUE (docs/weft-perf.md);\n"
       "-R 1 puts the buffers in symmetric memory (zero-copy collectives between local ranks,\n"
       "docs/symmetric-memory.md);\n"
@@ -411,6 +413,10 @@ Options parse(int argc, char** argv) {
       o.bind_to_core = v == "core";
     else if (flag == "--bind-to")
       usage_error("--bind-to " + v + ": expected core or none");
+    else if (flag == "--wait" && (v == "all" || v == "each"))
+      o.wait_each = v == "each";
+    else if (flag == "--wait")
+      usage_error("--wait " + v + ": expected all or each");
     else if (auto it = kIgnored.find(flag); it != kIgnored.end())
       o.notes.push_back(fmt::format("{} {} ignored: {}", flag, v, it->second));
     else
@@ -994,6 +1000,11 @@ class Runner {
         works.clear();
         pg_.barrier()->wait();
       }
+    }
+    // --wait each: one by one in issue order, as a program that keeps a list of Works waits on
+    // them (weft::wait_all waits for the last one first).
+    if (o_.wait_each) {
+      for (const auto& work : works) complete(b_, work);
     }
     // Device buffers: the loop has posted every iteration; this synchronises with the last
     // (nccl-tests' cudaStreamSynchronize after its loop).

@@ -15,7 +15,8 @@ CASE is one of:
   corrupt  with the test hook --corrupt-one-element, -c 1 reports #wrong = 1 on every line of
            every collective, the footer says FAILED, the exit status is non-zero; with -c 0
            #wrong is N/A. Also oneway (rank 2k to 2k+1): #wrong 0 on 4 ranks, algbw = busbw =
-           size / time, one flipped element counted, 3 ranks skipped with a line.
+           size / time, one flipped element counted, 3 ranks skipped with a line; --wait each
+           gives #wrong 0, --wait with another value is a usage error.
   json     -J output validates against benchmarks/weft-perf.schema.json (python3-jsonschema)
            and agrees with the text output line by line.
   nccl     WEFT_PERF is a link named all_reduce_perf: nccl-tests' own command line
@@ -205,6 +206,18 @@ def case_corrupt(weftrun, perf, _schema):
     proc = run(weftrun, perf, 3, ["oneway", "-b", "1K", "-e", "1K"])
     check("# nRanks 3 is odd (oneway pairs rank 2k with 2k+1), skipping" in proc.stdout,
           proc.stdout)
+
+    # --wait each (the Works waited on one by one, in issue order) gives the same results;
+    # anything but all or each is a usage error.
+    proc = run(weftrun, perf, 2, ["all_reduce", "-b", "1K", "-e", "4K", "-f", "4", "-n", "20",
+                                  "--wait", "each"])
+    lines = blocks(proc.stdout)["all_reduce"]
+    check(len(lines) == 2 and all(m.group(9) == "0" and m.group(13) == "0" for m in lines),
+          f"--wait each: {proc.stdout}")
+    proc = run(weftrun, perf, 2, ["all_reduce", "-b", "1K", "-e", "1K", "--wait", "some"],
+               expect_ok=False)
+    check(proc.returncode == 2 and "--wait some: expected all or each" in proc.stderr,
+          f"--wait some: exit {proc.returncode}\n{proc.stderr}")
 
 
 def case_json(weftrun, perf, schema_path):
