@@ -18,7 +18,7 @@ CASE is one of:
            size / time, one flipped element counted, 3 ranks skipped with a line; --wait each
            gives #wrong 0, --wait with another value is a usage error.
   json     -J output validates against benchmarks/weft-perf.schema.json (python3-jsonschema)
-           and agrees with the text output line by line.
+           and agrees with the text output line by line; so do oneway's and hypercube's.
   nccl     WEFT_PERF is a link named all_reduce_perf: nccl-tests' own command line
            (`all_reduce_perf -b 8 -e 128M -f 2 -g 1`) runs unchanged without a launcher, and its
            output reads with benchmarks/nccl_log.py and nccl-tests' exact line format; also under
@@ -241,6 +241,13 @@ def case_json(weftrun, perf, schema_path):
         with open(path) as f:
             doc2 = json.load(f)
         jsonschema.validate(doc2, schema)
+        # The collectives outside `all` validate too.
+        for coll in ("oneway", "hypercube"):
+            run(weftrun, perf, 2, [coll, "-b", "1K", "-e", "1K", "-n", "2", "-J", path])
+            with open(path) as f:
+                extra = json.load(f)
+            jsonschema.validate(extra, schema)
+            check([c["collective"] for c in extra["collectives"]] == [coll], f"{coll} json")
     check(doc["config"]["ranks"] == 2 and doc["config"]["step_factor"] == 8, "config")
     order = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
              "gather", "scatter", "sendrecv", "barrier"]  # `weft-perf all`'s order
