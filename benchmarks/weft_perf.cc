@@ -815,7 +815,7 @@ class Runner {
     };
     const bool root_only = coll_ == "broadcast" || coll_ == "scatter";
     if (root_only && rank_ != root_) return;
-    if (coll_ == "oneway" && rank_ % 2 == 1) return;  // the receivers: nothing to send
+    if (oneway_receiver()) return;  // nothing to send
     if (coll_ == "all_reduce" || coll_ == "reduce" || coll_ == "broadcast" || coll_ == "sendrecv" ||
         coll_ == "oneway") {
       fill_range(in_place ? recv : send, 0, c, 0);
@@ -906,9 +906,8 @@ class Runner {
     if (coll_ == "oneway") {
       // One direction only, as ucx_perftest's tag_bw and osu_bw: rank 2k sends to rank 2k+1.
       // In place, the sender sends from and the receiver receives into the recv buffer.
-      if (rank_ % 2 == 0)
-        return pg_.send(in_place ? view(recv, 0, c) : view(send, 0, c), rank_ + 1);
-      return pg_.recv(view(recv, 0, c), rank_ - 1);
+      if (oneway_receiver()) return pg_.recv(view(recv, 0, c), rank_ - 1);
+      return pg_.send(in_place ? view(recv, 0, c) : view(send, 0, c), rank_ + 1);
     }
     return pg_.barrier();
   }
@@ -926,7 +925,7 @@ class Runner {
     // The rank the test hook flips an element on: one that checks a result.
     int corrupt_rank = 0;
     if (coll_ == "oneway") {
-      corrupt_rank = 1;
+      corrupt_rank = 1;  // the first receiver
     } else if (has_root(coll_) && coll_ != "scatter" && coll_ != "broadcast") {
       corrupt_rank = root_;
     }
@@ -957,7 +956,7 @@ class Runner {
       for (size_t i = 0; i < c; ++i) check(at + i, data_.input(root_, rank_ * c + i));
     } else if (coll_ == "sendrecv") {
       for (size_t i = 0; i < c; ++i) check(i, data_.input((rank_ - 1 + n_) % n_, i));
-    } else if (coll_ == "oneway" && rank_ % 2 == 1) {
+    } else if (oneway_receiver()) {
       for (size_t i = 0; i < c; ++i) check(i, data_.input(rank_ - 1, i));
     }
     return bad;
@@ -1040,6 +1039,9 @@ class Runner {
   }
 
  private:
+  // oneway pairs rank 2k (sends) with 2k+1 (receives and checks).
+  bool oneway_receiver() const { return coll_ == "oneway" && rank_ % 2 == 1; }
+
   ProcessGroup& pg_;
   const Options& o_;
   Buffers& b_;
